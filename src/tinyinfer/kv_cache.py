@@ -1,0 +1,40 @@
+"""A contiguous KV cache: one preallocated slab per layer.
+
+For every layer and every position already processed we keep the key and value
+vectors, so a decode step computes K and V for the one new token only and reads
+the rest. Each sequence owns row b of the slab and writes position p to column p.
+(Chapter 7 replaces this with paged blocks; the arithmetic stays the same.)
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype, device):
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self._rows = torch.arange(batch_size, device=device)[:, None]
+
+    def visible_length(self, positions: torch.Tensor) -> int:
+        """How many cache columns this step's attention must read."""
+        n = int(positions.max()) + 1
+        if n > self.max_len:
+            raise ValueError(f"position {n - 1} is past the cache's {self.max_len} slots")
+        return n
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, num_keys: int):
+        """Write k, v [B, Hkv, T, D] at `positions` [B, T]; return keys and values
+        [B, Hkv, S, D] for the first S = num_keys columns."""
+        rows = self._rows[: k.shape[0]]
+        # Advanced indexing [rows, :, positions] addresses a [B, T, Hkv, D] view.
+        self.k[layer][rows, :, positions] = k.transpose(1, 2)
+        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        return self.k[layer, : k.shape[0], :, :num_keys], self.v[layer, : k.shape[0], :, :num_keys]
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2

@@ -1,0 +1,164 @@
+"""A Llama-style decoder in plain PyTorch: embedding, RMSNorm, RoPE,
+grouped-query attention, SwiGLU, and a (possibly tied) LM head.
+
+Module and parameter names copy Hugging Face's `LlamaForCausalLM` on purpose
+(`model.layers.0.self_attn.q_proj.weight`, ...), so a checkpoint's tensors load
+one-to-one and a learner can hold this file next to transformers' and compare.
+Everything else here is written from scratch.
+
+Shapes, used in every comment below:
+  B batch, T new tokens this step, S cached positions visible to attention,
+  H query heads, Hkv key/value heads, D head_dim, C hidden_size.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight. Computed in fp32 even for bf16 models, because the
+    mean of squares is exactly where low precision loses digits."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(config: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position up to the context window, shape [P, D].
+
+    Pair i of each head is rotated by angle position * theta**(-2i/D): low pairs
+    spin fast (fine position), high pairs slowly (coarse position)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    positions = torch.arange(config.max_position_embeddings, device=device).float()
+    angles = torch.outer(positions, inv_freq)  # [P, D/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [P, D]: HF's "rotate half" layout
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate query or key vectors x [B, heads, T, D] by their positions' angles."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        c, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(c, self.num_heads * d, bias=False)
+        # GQA: fewer key/value heads than query heads; each K/V head serves a group
+        # of query heads. Fewer K/V heads means a proportionally smaller KV cache.
+        self.k_proj = nn.Linear(c, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(c, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, c, bias=False)
+
+    def forward(self, x, cos, sin, positions, cache: KVCache, mask):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Store this step's keys and values, then attend over everything cached so
+        # far. Old positions are never recomputed: that is the whole point of the cache.
+        keys, values = cache.update(self.layer_idx, k, v, positions, mask.shape[-1])  # [B, Hkv, S, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), applied to each position on its own."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(c, i, bias=False)
+        self.up_proj = nn.Linear(c, i, bias=False)
+        self.down_proj = nn.Linear(i, c, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, positions, cache, mask):
+        # Pre-norm residual blocks: each sublayer adds a correction to the stream.
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        cos, sin = rope_tables(config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run T new tokens per sequence through the stack; return hidden states [B, T, C].
+
+        `positions` [B, T] are absolute positions; sequences in a batch may sit at
+        different positions (prompts of unequal length, right-padded)."""
+        x = self.model.embed_tokens(input_ids)
+        # RoPE tables are fp32; cast to the model dtype as transformers does.
+        cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [B, 1, T, D]
+        sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        mask = causal_mask(positions, cache.visible_length(positions))
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, positions, cache, mask)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Scores for every vocabulary entry, in fp32 so sampling sees full precision."""
+        return self.lm_head(hidden).float()
+
+
+def causal_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[B, 1, T, S] boolean: query at position p may see key positions 0..p only.
+
+    Because every sequence's keys live at their absolute positions in the cache,
+    "causal" is all the mask needs to say; slots past a sequence's end are never
+    visible, since they lie in its future."""
+    keys = torch.arange(num_keys, device=positions.device)
+    return (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)

@@ -1,0 +1,135 @@
+"""SamplingParams and the sampler: how a row of logits becomes one token.
+
+The pipeline, in vLLM's order:
+  logits -> repetition penalty -> temperature -> top-k -> top-p -> draw
+Temperature 0 means greedy: take the highest score (after the penalty).
+Every step is a small function, so a lab can swap in its own and a chapter can
+show the distribution after each step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_INF = float("inf")
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation settings; field names and meanings follow vLLM."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k cut
+    repetition_penalty: float = 1.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    logprobs: int | None = None  # top-N logprobs per generated token
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
+        _check(_num(self.temperature) and self.temperature >= 0, "temperature", self.temperature, ">= 0 (0 means greedy)")
+        _check(_num(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        _check(isinstance(self.top_k, int) and self.top_k >= -1 and self.top_k != 0, "top_k", self.top_k, "-1 (off) or an integer >= 1")
+        _check(_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "> 0 (1 means off)")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
+        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "None or an integer")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and value >= 0), name, value, "None or an integer >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # excludes NaN
+
+
+def _check(ok: bool, field: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}")
+
+
+# --- logits processors: each takes and returns a 1-D row of logits ------------
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Make already-seen tokens less likely: positive scores are divided by the
+    penalty, negative ones multiplied (dividing a negative would *raise* it)."""
+    if penalty == 1.0 or seen.numel() == 0:
+        return logits
+    logits = logits.clone()
+    scores = logits[seen]
+    logits[seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
+    return logits
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Divide by T: T < 1 sharpens the distribution, T > 1 flattens it."""
+    return logits / temperature
+
+
+def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k highest scores (ties at the k-th score are kept too)."""
+    if k == -1 or k >= logits.numel():
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, -_INF)
+
+
+def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probabilities sum to >= p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = sorted_logits.softmax(-1)
+    # Drop a token when the mass *before* it already reaches p; the top token always stays.
+    mass_before = probs.cumsum(-1) - probs
+    drop_sorted = mass_before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return logits.masked_fill(drop, -_INF)
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """All processors in order; returns the logits the draw will use."""
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return logits
+    logits = apply_temperature(logits, params.temperature)
+    logits = apply_top_k(logits, params.top_k)
+    return apply_top_p(logits, params.top_p)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           seen: torch.Tensor | None = None) -> int:
+    """Choose one token id from a row of raw logits."""
+    logits = process_logits(logits.float(), params, seen)
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = logits.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def make_generator(seed: int | None, device) -> torch.Generator | None:
+    """A private random stream per seeded request, so its draws do not depend on
+    what else is in the batch. Unseeded requests share torch's global stream."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
