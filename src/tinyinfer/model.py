@@ -1,10 +1,11 @@
 """A Llama-style decoder in plain PyTorch: embedding, RMSNorm, RoPE,
 grouped-query attention, SwiGLU, and a (possibly tied) LM head.
 
-Module and parameter names copy Hugging Face's `LlamaForCausalLM` on purpose
-(`model.layers.0.self_attn.q_proj.weight`, ...), so a checkpoint's tensors load
-one-to-one and a learner can hold this file next to transformers' and compare.
-Everything else here is written from scratch.
+Module and parameter names copy Hugging Face's `LlamaForCausalLM`
+(`model.layers.0.self_attn.o_proj.weight`, ...), so a learner can hold this file
+next to transformers' and compare. Two differences, both from vLLM: q/k/v_proj
+are stacked into `qkv_proj`, and gate/up_proj into `gate_up_proj` (weights.py
+stacks the checkpoint's tensors while loading). Everything is written from scratch.
 
 Shapes, used in every comment below:
   B batch, T new tokens this step, S cached positions visible to attention,
@@ -67,18 +68,20 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         c, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(c, self.num_heads * d, bias=False)
         # GQA: fewer key/value heads than query heads; each K/V head serves a group
         # of query heads. Fewer K/V heads means a proportionally smaller KV cache.
-        self.k_proj = nn.Linear(c, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(c, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, c, bias=False)
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        # Q, K and V projections stacked into one matrix (as vLLM does): one
+        # matmul reads the same bytes as three but pays the per-call cost once.
+        self.qkv_proj = nn.Linear(c, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, c, bias=False)
 
     def forward(self, x, cos, sin, positions, cache: KVCache, mask):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Store this step's keys and values, then attend over everything cached so
         # far. Old positions are never recomputed: that is the whole point of the cache.
@@ -88,17 +91,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), applied to each position on its own."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), applied to each position on its own.
+    The gate and up projections are stacked into one matrix, one matmul."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         c, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(c, i, bias=False)
-        self.up_proj = nn.Linear(c, i, bias=False)
+        self.gate_up_proj = nn.Linear(c, 2 * i, bias=False)
         self.down_proj = nn.Linear(i, c, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

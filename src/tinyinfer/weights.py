@@ -147,6 +147,22 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+# Checkpoint tensors that tinyinfer stacks into one matrix: (ours, [theirs...]).
+STACKED = [("self_attn.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+           ("mlp.gate_up_proj", ["mlp.gate_proj", "mlp.up_proj"])]
+
+
+def stack_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename HF tensors to ours, concatenating q/k/v and gate/up along the output rows."""
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        for ours, theirs in STACKED:
+            parts = [state.pop(f"{prefix}{name}.weight") for name in theirs]
+            state[f"{prefix}{ours}.weight"] = torch.cat(parts, dim=0)
+    return state
+
+
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device):
     """Build the model skeleton without initialising it (meta device: no memory,
     no random init), then adopt the checkpoint's tensors as its parameters."""
@@ -155,7 +171,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device):
     config = read_config(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    state = {k: v for k, v in load_state_dict(folder).items() if "rotary_emb" not in k}
+    state = stack_projections(load_state_dict(folder), config)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
         state["lm_head.weight"] = state["model.embed_tokens.weight"]

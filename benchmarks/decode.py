@@ -1,0 +1,107 @@
+"""Decode speed: tinyinfer vs transformers `generate` in one run, same weights.
+
+    python benchmarks/decode.py [--new-tokens 128] [--repeats 3] [--threads N]
+
+For each dtype and batch size, both engines get the same 32-token prompt(s) and
+must write exactly --new-tokens tokens (EOS ignored), greedy. Reported tok/s is
+generated tokens / wall time (prefill included, as a user would time it); the
+best of --repeats runs, alternating the engines so machine noise hits both.
+Also prints the fraction of this machine's memory-bandwidth bound each reaches:
+at batch 1 every decode step must read all weights once, so
+  bound tok/s = measured bandwidth / weight bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from tinyinfer import LLM, SamplingParams  # noqa: E402
+from tinyinfer.weights import ensure_packaged_model  # noqa: E402
+
+PROMPT = ("The history of the lighthouse begins with fires lit on hills near harbours, "
+          "and over the centuries it became a craft of lenses, clockwork and")
+
+
+def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second for reading a large tensor (a sum reads every byte once)."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
+def time_tinyinfer(llm, ids, n):
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    prompts = [{"prompt_token_ids": ids}] * BATCH
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    dt = time.perf_counter() - t
+    assert all(len(o.outputs[0].token_ids) == n for o in outs)
+    return dt
+
+
+def time_transformers(hf, ids, n):
+    x = torch.tensor([ids] * BATCH)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, pad_token_id=2)
+    dt = time.perf_counter() - t
+    assert out.shape[1] == len(ids) + n
+    return dt
+
+
+def main():
+    global BATCH
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM
+
+    folder = ensure_packaged_model()
+    bw = measure_bandwidth()
+    print(f"device cpu, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"measured read bandwidth {bw / 1e9:.1f} GB/s")
+    rows = []
+    for dtype in args.dtypes.split(","):
+        llm = LLM(dtype=dtype, device="cpu")
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+        ids = llm.tokenizer.encode(PROMPT)[:32]
+        weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
+        for batch in map(int, args.batches.split(",")):
+            BATCH = batch
+            time_tinyinfer(llm, ids, 8), time_transformers(hf, ids, 8)  # warm-up
+            ours, theirs = [], []
+            for _ in range(args.repeats):
+                ours.append(time_tinyinfer(llm, ids, args.new_tokens))
+                theirs.append(time_transformers(hf, ids, args.new_tokens))
+            tok = batch * args.new_tokens
+            o, h = tok / min(ours), tok / min(theirs)
+            bound = bw / weight_bytes  # steps/s if each step only read the weights once
+            rows.append((dtype, batch, o, h, o / h, o / batch / bound, h / batch / bound))
+        del llm, hf
+    print(f"\n{'dtype':9} {'batch':>5} {'tinyinfer tok/s':>16} {'transformers tok/s':>19} {'ratio':>6} "
+          f"{'tinyinfer % of BW bound':>24} {'transformers % of BW bound':>27}")
+    for d, b, o, h, r, fo, fh in rows:
+        print(f"{d:9} {b:5d} {o:16.1f} {h:19.1f} {r:6.2f} {fo:24.0%} {fh:27.0%}")
+    print("\n(% of BW bound: steps per second / (bandwidth / weight bytes); batch-1 decode "
+          "cannot beat 100% without reading fewer bytes)")
+
+
+if __name__ == "__main__":
+    main()

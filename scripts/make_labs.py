@@ -1,0 +1,165 @@
+"""Write the student labs (labs/NN-*.ipynb) from their single source (solutions/).
+
+Conventions in a solution notebook:
+- A code cell tagged `exercise` holds the learner's task. Inside it, the lines
+  between `# BEGIN SOLUTION` and `# END SOLUTION` (each alone on its line) are
+  the answer. In the lab they become `# YOUR CODE HERE` and a
+  `raise NotImplementedError(...)` at the marker's indentation; everything
+  outside the markers (imports, signature, docstring) is kept.
+- The next code cell is tagged `check`. It calls tinyinfer.labcheck and its
+  last statement is the check call, or `name = <check call>`; tests read that
+  bool. Exercise and check cells are plain Python (no magics) and
+  self-contained: an exercise cell imports what it uses, and a check cell uses
+  only `labcheck` and what the exercise defines, so tests can run each pair
+  alone.
+
+Labs are written unexecuted (outputs cleared) with fixed notebook metadata, so
+regenerating them is byte-for-byte stable.
+
+    python scripts/make_labs.py            # write labs/
+    python scripts/make_labs.py --check    # exit 1 if labs/ is out of date
+    python scripts/make_labs.py --execute  # first re-run solutions/ in place
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS, LABS = ROOT / "solutions", ROOT / "labs"
+BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+METADATA = {
+    "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    "language_info": {"name": "python"},
+}
+
+
+def has_tag(cell, tag: str) -> bool:
+    return tag in cell.get("metadata", {}).get("tags", [])
+
+
+def stub_source(source: str, where: str) -> str:
+    """Replace every BEGIN/END SOLUTION block with a stub that raises."""
+    lines, out, inside = source.splitlines(), [], False
+    for n, line in enumerate(lines):
+        marker = line.strip()
+        if marker == BEGIN:
+            if inside:
+                raise ValueError(f"{where}: {BEGIN} inside another solution block")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            task = _enclosing_function(lines[:n], indent)
+            out += [f"{indent}# YOUR CODE HERE", f'{indent}raise NotImplementedError("Exercise: {task}")']
+        elif marker == END:
+            if not inside:
+                raise ValueError(f"{where}: {END} without {BEGIN}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{where}: {BEGIN} is never closed")
+    if len(out) == len(lines):
+        raise ValueError(f"{where}: an exercise cell needs {BEGIN} ... {END} around its answer")
+    return "\n".join(out)
+
+
+def _enclosing_function(lines_above: list[str], indent: str) -> str:
+    """'write the body of f()' for the nearest enclosing def, for the stub's message."""
+    for line in reversed(lines_above):
+        match = re.match(r"(\s*)def (\w+)", line)
+        if match and len(match.group(1)) < len(indent):
+            return f"write the body of {match.group(2)}()"
+    return "fill in this cell"
+
+
+def exercise_pairs(nb, where: str) -> list[tuple[int, int]]:
+    """(exercise cell index, check cell index) for every exercise, validated."""
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    pairs = []
+    for k, i in enumerate(code):
+        if has_tag(nb.cells[i], "exercise"):
+            j = code[k + 1] if k + 1 < len(code) else None
+            if j is None or not has_tag(nb.cells[j], "check"):
+                raise ValueError(f"{where}: exercise cell {i} must be followed by a code cell tagged 'check'")
+            pairs.append((i, j))
+    return pairs
+
+
+def make_lab(solution, where: str = "solution"):
+    """The lab notebook for a solution notebook (a new object)."""
+    lab = copy.deepcopy(solution)
+    exercise_pairs(lab, where)  # validates the exercise/check convention
+    lab.metadata = copy.deepcopy(METADATA)
+    for i, cell in enumerate(lab.cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        cell.metadata = {"tags": list(tags)} if tags else {}
+        if cell.cell_type != "code":
+            continue
+        cell.outputs, cell.execution_count = [], None
+        if "exercise" in tags:
+            cell.source = stub_source(cell.source, f"{where} cell {i}")
+        elif BEGIN in cell.source or END in cell.source:
+            raise ValueError(f"{where} cell {i}: solution markers outside an 'exercise' cell would leak")
+    return lab
+
+
+def notebook_text(nb) -> str:
+    return nbformat.writes(nb, version=4) + "\n"
+
+
+def lab_texts() -> dict[Path, str]:
+    """What each lab file should contain."""
+    texts = {}
+    for solution_path in sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb")):
+        lab = make_lab(nbformat.read(solution_path, as_version=4), solution_path.name)
+        texts[LABS / solution_path.name] = notebook_text(lab)
+    return texts
+
+
+def execute_solution(path: Path, timeout: int = 600) -> float:
+    """Run a solution top to bottom in place; returns the seconds it took."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    # record_timing=False keeps wall-clock timestamps out of the committed file.
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    seconds = time.perf_counter() - start
+    nb.metadata = copy.deepcopy(METADATA)
+    path.write_text(notebook_text(nb), encoding="utf-8")
+    return seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if labs/ differs from what would be written")
+    parser.add_argument("--execute", action="store_true", help="re-execute solutions/ in place first")
+    args = parser.parse_args(argv)
+    if args.execute:
+        for path in sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb")):
+            print(f"executed {path.relative_to(ROOT)} in {execute_solution(path):.1f} s")
+    expected = lab_texts()
+    stale = [p for p in sorted(LABS.glob("[0-9][0-9]-*.ipynb")) if p not in expected]
+    if args.check:
+        wrong = [p for p, text in expected.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+        for p in wrong + stale:
+            print(f"out of date: {p.relative_to(ROOT)} (run: python scripts/make_labs.py)")
+        return 1 if wrong or stale else 0
+    LABS.mkdir(exist_ok=True)
+    for p, text in expected.items():
+        p.write_text(text, encoding="utf-8")
+        print(f"wrote {p.relative_to(ROOT)}")
+    for p in stale:
+        print(f"warning: {p.relative_to(ROOT)} has no solution notebook")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Shared fixtures. Nothing here touches the network: the default model comes
+from the pip-fetched package (see tinyinfer.weights), tiny models are built in-process."""
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a failed Hub lookup would cost ~50 s
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    from tinyinfer.weights import ensure_packaged_model
+
+    return ensure_packaged_model()
+
+
+@pytest.fixture(scope="session")
+def llm():
+    """One fp32 engine on the default model, shared by the tests that only read it."""
+    from tinyinfer import LLM
+
+    return LLM("smollm2-135m-instruct", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def hf_model(default_model_dir):
+    """transformers' own implementation on the very same weights: the reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+
+
+def pytest_collection_modifyitems(items):
+    """Run the slowest things last: engine tests, then notebooks, then the book build."""
+    def rank(item):
+        return 2 if item.get_closest_marker("book") else 1 if item.get_closest_marker("notebooks") else 0
+
+    items.sort(key=rank)  # stable sort keeps pytest's order within each group

@@ -1,0 +1,240 @@
+"""The lab machinery: generated labs, exercise checks, and notebook runs.
+
+Every test here is generic over solutions/NN-*.ipynb and tinyinfer.labcheck, so
+a new chapter's lab is covered as soon as its solution notebook exists (and a
+new check as soon as it has a wrong implementation in WRONG below).
+"""
+import ast
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tinyinfer import labcheck
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb"))
+
+
+def _load_make_labs():
+    spec = importlib.util.spec_from_file_location("make_labs", ROOT / "scripts" / "make_labs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_labs = _load_make_labs()
+
+
+def _exercises():
+    """(solution path, exercise index, exercise cell, check cell) for every exercise."""
+    found = []
+    for path in SOLUTIONS:
+        nb = nbformat.read(path, as_version=4)
+        for n, (i, j) in enumerate(make_labs.exercise_pairs(nb, path.name)):
+            found.append(pytest.param(path, n, id=f"{path.stem}-exercise{n + 1}"))
+    return found
+
+
+def _run_pair(exercise_src: str, check_src: str):
+    """Exec an exercise cell, then its check cell, in a fresh namespace; return
+    the check's value: the last statement's value, or what it assigned."""
+    namespace = {"labcheck": labcheck}
+    exec(compile(exercise_src, "<exercise>", "exec"), namespace)
+    tree = ast.parse(check_src)
+    *body, last = tree.body
+    exec(compile(ast.Module(body=body, type_ignores=[]), "<check>", "exec"), namespace)
+    if isinstance(last, ast.Expr):
+        return eval(compile(ast.Expression(last.value), "<check>", "eval"), namespace)
+    assert isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name), (
+        "a check cell must end with the check call or `name = <check call>`"
+    )
+    exec(compile(ast.Module(body=[last], type_ignores=[]), "<check>", "exec"), namespace)
+    return namespace[last.targets[0].id]
+
+
+# ------------------------------------------------------------- (a) labs are generated
+
+
+def test_there_is_at_least_one_lab():
+    assert SOLUTIONS, "no solutions/NN-*.ipynb found"
+
+
+def test_committed_labs_equal_generated_ones():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_labs.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_labs_hold_no_answers(path):
+    lab = nbformat.read(ROOT / "labs" / path.name, as_version=4)
+    for cell in lab.cells:
+        assert make_labs.BEGIN not in cell.source and make_labs.END not in cell.source
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_stub_keeps_signature_and_indentation():
+    source = 'import x\n\ndef f(a):\n    """Doc."""\n    # BEGIN SOLUTION\n    return a\n    # END SOLUTION\n'
+    stub = make_labs.stub_source(source, "test")
+    assert stub.startswith('import x\n\ndef f(a):\n    """Doc."""\n    # YOUR CODE HERE\n')
+    assert 'raise NotImplementedError("Exercise: write the body of f()")' in stub
+    assert "return a" not in stub
+    ns = {}
+    exec(stub.replace("import x\n", ""), ns)
+    with pytest.raises(NotImplementedError):
+        ns["f"](1)
+
+
+@pytest.mark.parametrize("bad", [
+    "def f():\n    return 1\n",  # an exercise without markers would leak its answer
+    "def f():\n    # BEGIN SOLUTION\n    return 1\n",  # never closed
+    "def f():\n    # END SOLUTION\n",  # END without BEGIN
+])
+def test_malformed_exercise_cells_are_refused(bad):
+    with pytest.raises(ValueError):
+        make_labs.stub_source(bad, "test")
+
+
+# ------------------------------------- (b) each check passes on solution, fails on stub
+
+
+@pytest.mark.parametrize("path, n", _exercises())
+def test_check_passes_on_solution_and_fails_on_stub(path, n, capsys):
+    solution = nbformat.read(path, as_version=4)
+    lab = make_labs.make_lab(solution, path.name)
+    i, j = make_labs.exercise_pairs(solution, path.name)[n]
+    assert _run_pair(solution.cells[i].source, solution.cells[j].source) is True
+    assert "✓" in capsys.readouterr().out
+    assert _run_pair(lab.cells[i].source, lab.cells[j].source) is False
+    assert "✗" in capsys.readouterr().out
+
+
+# ------------------------------------ (c) every check fails on a wrong implementation
+
+
+def _greedy_left_to_right_bpe(piece, ranks):
+    # Merges the first mergeable pair it meets instead of the lowest rank.
+    parts = [bytes([b]) for b in piece]
+    i = 0
+    while i < len(parts) - 1:
+        if parts[i] + parts[i + 1] in ranks:
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+            i = 0
+        else:
+            i += 1
+    return [ranks[p] for p in parts]
+
+
+def _bpe_rightmost_on_ties(piece, ranks):
+    parts = [bytes([b]) for b in piece]
+    while True:
+        candidates = [(ranks[parts[i] + parts[i + 1]], -i) for i in range(len(parts) - 1)
+                      if parts[i] + parts[i + 1] in ranks]
+        if not candidates:
+            return [ranks[p] for p in parts]
+        i = -min(candidates)[1]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+
+
+def _raw_bytes(piece, ranks):
+    return [ranks[bytes([b])] for b in piece]
+
+
+# For every check in labcheck: implementations that are wrong in a plausible way.
+WRONG = {
+    "check_bpe_encode_piece": [_greedy_left_to_right_bpe, _bpe_rightmost_on_ties, _raw_bytes],
+    "check_count_tokens": [
+        lambda text, tok: len(tok.encode(text)) + 1,  # off by one
+        lambda text, tok: len(text.split()),  # counts words
+        lambda text, tok: len(labcheck._cl100k().encode(text, disallowed_special=())),  # ignores `tok`
+    ],
+    "check_compare_tokenizers": [
+        # the table's two levels swapped: {tokenizer: {text: count}}
+        lambda texts, toks: {n: {t: len(tok.encode(x)) for t, x in texts.items()} for n, tok in toks.items()},
+        # characters instead of tokens
+        lambda texts, toks: {t: {n: len(x) for n in toks} for t, x in texts.items()},
+    ],
+}
+REFERENCE = {
+    "check_bpe_encode_piece": lambda: __import__("tinyinfer.bpe", fromlist=["x"]).bpe_encode_piece,
+    "check_count_tokens": lambda: labcheck.reference_count_tokens,
+    "check_compare_tokenizers": lambda: labcheck.reference_compare_tokenizers,
+}
+CHECKS = sorted(name for name in dir(labcheck) if name.startswith("check_"))
+
+
+def test_every_check_has_wrong_implementations_and_a_reference():
+    assert set(CHECKS) <= set(WRONG), f"add wrong implementations for {set(CHECKS) - set(WRONG)}"
+    assert set(CHECKS) <= set(REFERENCE), f"add a reference for {set(CHECKS) - set(REFERENCE)}"
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_check_fails_on_wrong_implementations(check, capsys):
+    for wrong in WRONG[check]:
+        assert getattr(labcheck, check)(wrong) is False
+        out = capsys.readouterr().out
+        assert out.startswith("✗") and "expected" in out and "got" in out, out
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_check_passes_on_reference(check, capsys):
+    assert getattr(labcheck, check)(REFERENCE[check]()) is True
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _raises_value_error(*args):
+    raise ValueError("boom")
+
+
+def _not_implemented(*args):
+    raise NotImplementedError("Exercise: write the body of f()")
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("garbage", [None, _raises_value_error, _not_implemented, lambda *a: object()])
+def test_checks_never_raise(check, garbage, capsys):
+    assert getattr(labcheck, check)(garbage) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗")
+    if garbage is _not_implemented:
+        assert "raised NotImplementedError: Exercise" in out
+
+
+# --------------------------------------- (d) notebooks run top to bottom, in time
+
+
+def _execute(path: Path):
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return nb, time.perf_counter() - start
+
+
+def _check_outputs(nb) -> str:
+    return "".join(
+        out.get("text", "") for cell in nb.cells if "check" in cell.get("metadata", {}).get("tags", [])
+        for out in cell.get("outputs", [])
+    )
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("kind", ["labs", "solutions"])
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(kind, path):
+    nb, seconds = _execute(ROOT / kind / path.name)  # raises CellExecutionError on any error
+    print(f"{kind}/{path.name}: {seconds:.1f} s")
+    assert seconds < 180, f"{kind}/{path.name} took {seconds:.0f} s; the budget is 90 s on two cores"
+    checks = _check_outputs(nb)
+    if kind == "labs":  # unsolved: every check fails politely and the lab carries on
+        assert "✗" in checks and "✓" not in checks
+    else:
+        assert "✓" in checks and "✗" not in checks
