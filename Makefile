@@ -18,7 +18,8 @@ TORCH   ?= 2.13.0
 # The CPU-only wheel index: an unpinned `pip install torch` on Linux pulls the
 # multi-gigabyte CUDA build, which the course never needs.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-PYTEST_ARGS ?=
+# --durations lists the slowest tests: each notebook's run time shows there.
+PYTEST_ARGS ?= --durations=12
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c

@@ -1,0 +1,52 @@
+"""Lab 1 (tokens): wrong implementations each check must reject, and the
+reference each must accept. Collected by tests/test_labs.py."""
+from tinyinfer import labcheck
+
+
+def _greedy_left_to_right_bpe(piece, ranks):
+    # Merges the first mergeable pair it meets instead of the lowest rank.
+    parts = [bytes([b]) for b in piece]
+    i = 0
+    while i < len(parts) - 1:
+        if parts[i] + parts[i + 1] in ranks:
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+            i = 0
+        else:
+            i += 1
+    return [ranks[p] for p in parts]
+
+
+def _bpe_rightmost_on_ties(piece, ranks):
+    parts = [bytes([b]) for b in piece]
+    while True:
+        candidates = [(ranks[parts[i] + parts[i + 1]], -i) for i in range(len(parts) - 1)
+                      if parts[i] + parts[i + 1] in ranks]
+        if not candidates:
+            return [ranks[p] for p in parts]
+        i = -min(candidates)[1]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+
+
+def _raw_bytes(piece, ranks):
+    return [ranks[bytes([b])] for b in piece]
+
+
+WRONG = {
+    "check_bpe_encode_piece": [_greedy_left_to_right_bpe, _bpe_rightmost_on_ties, _raw_bytes],
+    "check_count_tokens": [
+        lambda text, tok: len(tok.encode(text)) + 1,  # off by one
+        lambda text, tok: len(text.split()),  # counts words
+        lambda text, tok: len(labcheck._cl100k().encode(text, disallowed_special=())),  # ignores `tok`
+    ],
+    "check_compare_tokenizers": [
+        # the table's two levels swapped: {tokenizer: {text: count}}
+        lambda texts, toks: {n: {t: len(tok.encode(x)) for t, x in texts.items()} for n, tok in toks.items()},
+        # characters instead of tokens
+        lambda texts, toks: {t: {n: len(x) for n in toks} for t, x in texts.items()},
+    ],
+}
+REFERENCE = {
+    "check_bpe_encode_piece": lambda: __import__("tinyinfer.bpe", fromlist=["x"]).bpe_encode_piece,
+    "check_count_tokens": lambda: labcheck.reference_count_tokens,
+    "check_compare_tokenizers": lambda: labcheck.reference_compare_tokenizers,
+}
