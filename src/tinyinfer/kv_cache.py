@@ -27,14 +27,18 @@ class KVCache:
             raise ValueError(f"position {n - 1} is past the cache's {self.max_len} slots")
         return n
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, num_keys: int):
-        """Write k, v [B, Hkv, T, D] at `positions` [B, T]; return keys and values
-        [B, Hkv, S, D] for the first S = num_keys columns."""
-        rows = self._rows[: k.shape[0]]
-        # Advanced indexing [rows, :, positions] addresses a [B, T, Hkv, D] view.
-        self.k[layer][rows, :, positions] = k.transpose(1, 2)
-        self.v[layer][rows, :, positions] = v.transpose(1, 2)
-        return self.k[layer, : k.shape[0], :, :num_keys], self.v[layer, : k.shape[0], :, :num_keys]
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta):
+        """Write k, v [B, Hkv, T, D] at meta.positions [B, T]; return keys and
+        values [B, Hkv, S, D] for the first S = meta.num_keys columns."""
+        B, T = k.shape[0], k.shape[2]
+        if meta.start is not None:  # every sequence writes the same columns: a slice copy
+            self.k[layer, :B, :, meta.start : meta.start + T] = k
+            self.v[layer, :B, :, meta.start : meta.start + T] = v
+        else:  # advanced indexing [rows, :, positions] addresses a [B, T, Hkv, D] view
+            rows = self._rows[:B]
+            self.k[layer][rows, :, meta.positions] = k.transpose(1, 2)
+            self.v[layer][rows, :, meta.positions] = v.transpose(1, 2)
+        return self.k[layer, :B, :, : meta.num_keys], self.v[layer, :B, :, : meta.num_keys]
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2

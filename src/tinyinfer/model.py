@@ -13,6 +13,8 @@ Shapes, used in every comment below:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,10 +33,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # F.rms_norm is x * rsqrt(mean(x**2) + eps) in one fused kernel.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 def rope_tables(config: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,17 +77,18 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(c, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, c, bias=False)
 
-    def forward(self, x, cos, sin, positions, cache: KVCache, mask):
+    def forward(self, x, cos, sin, cache: KVCache, meta: AttentionMetadata):
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.qkv_proj(x)
+        # Queries and keys sit side by side in qkv, so one RoPE call rotates both.
+        qk = apply_rope(qkv[..., : self.q_size + self.kv_size].view(B, T, -1, self.head_dim).transpose(1, 2), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
+        v = qkv[..., self.q_size + self.kv_size :].view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         # Store this step's keys and values, then attend over everything cached so
         # far. Old positions are never recomputed: that is the whole point of the cache.
-        keys, values = cache.update(self.layer_idx, k, v, positions, mask.shape[-1])  # [B, Hkv, S, D]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        keys, values = cache.update(self.layer_idx, k, v, meta)  # [B, Hkv, S, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, is_causal=meta.is_causal,
+                                             enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -113,9 +115,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, positions, cache, mask):
+    def forward(self, x, cos, sin, cache, meta):
         # Pre-norm residual blocks: each sublayer adds a correction to the stream.
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -139,23 +141,56 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                meta: AttentionMetadata | None = None) -> torch.Tensor:
         """Run T new tokens per sequence through the stack; return hidden states [B, T, C].
 
         `positions` [B, T] are absolute positions; sequences in a batch may sit at
-        different positions (prompts of unequal length, right-padded)."""
+        different positions (prompts of unequal length, right-padded). `meta`
+        lets the caller, who knows the positions as plain ints, pick cheaper
+        attention paths; without it the general masked path is used."""
+        if meta is None:
+            meta = AttentionMetadata.general(positions, cache)
         x = self.model.embed_tokens(input_ids)
         # RoPE tables are fp32; cast to the model dtype as transformers does.
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [B, 1, T, D]
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
-        mask = causal_mask(positions, cache.visible_length(positions))
         for layer in self.model.layers:
-            x = layer(x, cos, sin, positions, cache, mask)
+            x = layer(x, cos, sin, cache, meta)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Scores for every vocabulary entry, in fp32 so sampling sees full precision."""
         return self.lm_head(hidden).float()
+
+
+@dataclass
+class AttentionMetadata:
+    """What every layer's attention needs to know about this step (vLLM's name).
+
+    The general case is a boolean mask by absolute position. Two common cases
+    need no mask tensor at all, which saves work in every layer:
+      - a prefill from position 0: plain causal attention (is_causal);
+      - all sequences at the same position: each query may see every visible key.
+    When all sequences write the same positions, `start` lets the cache write a
+    slice instead of scattering."""
+
+    positions: torch.Tensor  # [B, T]
+    num_keys: int  # S: cache columns visible to this step
+    mask: torch.Tensor | None = None  # [B, 1, T, S] boolean, or None
+    is_causal: bool = False
+    start: int | None = None  # first position written, if the same for every sequence
+
+    @classmethod
+    def general(cls, positions: torch.Tensor, cache: KVCache) -> "AttentionMetadata":
+        num_keys = cache.visible_length(positions)
+        return cls(positions, num_keys, mask=causal_mask(positions, num_keys))
+
+    @classmethod
+    def uniform(cls, positions: torch.Tensor, start: int) -> "AttentionMetadata":
+        """Every sequence writes positions start..start+T-1."""
+        T = positions.shape[1]
+        return cls(positions, num_keys=start + T, is_causal=start == 0 and T > 1, start=start)
 
 
 def causal_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .kv_cache import KVCache
+from .model import AttentionMetadata, causal_mask
 from .sequence import Sequence
 
 
@@ -36,7 +37,7 @@ class ModelRunner:
             ids[b, : lens[b]] = torch.tensor(s.prompt_token_ids)
         ids = ids.to(self.device)
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        hidden = self.model(ids, positions, self.cache)
+        hidden = self.model(ids, positions, self.cache, AttentionMetadata.uniform(positions, 0))
         last = hidden[torch.arange(len(seqs)), torch.tensor(lens) - 1]
         return self.model.compute_logits(last), (hidden if all_positions else None)
 
@@ -53,7 +54,11 @@ class ModelRunner:
             pos.append(min(n - 1, self.cache.max_len - 1))
         ids = torch.tensor(ids, device=self.device)[:, None]
         positions = torch.tensor(pos, device=self.device)[:, None]
-        hidden = self.model(ids, positions, self.cache)
+        if len(set(pos)) == 1:  # e.g. batch 1: no mask needed, slice writes
+            meta = AttentionMetadata.uniform(positions, pos[0])
+        else:
+            meta = AttentionMetadata(positions, max(pos) + 1, mask=causal_mask(positions, max(pos) + 1))
+        hidden = self.model(ids, positions, self.cache, meta)
         return self.model.compute_logits(hidden[:, -1])
 
     @torch.inference_mode()
