@@ -195,3 +195,23 @@ def test_cli_generate_and_error(capsys):
     assert "Paris" in capsys.readouterr().out
     assert main(["generate", FRANCE, "--top-p", "2"]) == 2
     assert "top_p" in capsys.readouterr().err
+
+
+def test_stop_string_made_of_a_multibyte_character(llm):
+    """An emoji split over three tokens decodes as U+FFFD until complete (two
+    replacement characters become one real one); stopping on it must still cut
+    the text right before it, and streaming must never show a U+FFFD."""
+    from tinyinfer.sequence import Sequence
+
+    tok = llm.tokenizer
+    ids = tok.encode("emoji 🎉🚀 fun")
+    assert len([i for i in ids if "\ufffd" in tok.decode([i])]) >= 3
+    seq = Sequence("0", None, [1], SamplingParams(max_tokens=50, stop=["🎉"]), eos_token_ids=[2])
+    shown = []
+    for t in ids:
+        seq.append_token(t, tok.decode)
+        shown.append(seq.stable_text())
+        if seq.finished:
+            break
+    assert seq.output_text == "emoji " and seq.stop_reason == "🎉"
+    assert not any("\ufffd" in s for s in shown)

@@ -48,8 +48,9 @@ class Sequence:
         text = decode(self.output_token_ids)
         if p.stop and not self.finished:
             # A stop string may be split across tokens, so search the text, not
-            # the token; only the tail can contain a new match.
-            start = max(0, len(self.output_text) - max(map(len, p.stop)))
+            # the token; only the tail can contain a new match. (Trailing U+FFFD
+            # may have just become one real character, so measure without them.)
+            start = max(0, len(self.output_text.rstrip("\ufffd")) - max(map(len, p.stop)))
             hits = [(i, s) for s in p.stop if (i := text.find(s, start)) != -1]
             if hits:
                 cut, s = min(hits)
