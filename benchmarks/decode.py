@@ -1,6 +1,6 @@
 """Decode speed: tinyinfer vs transformers `generate` in one run, same weights.
 
-    python benchmarks/decode.py [--new-tokens 128] [--repeats 3] [--threads N]
+    python benchmarks/decode.py [--new-tokens 128] [--repeats 3] [--threads N] [--device cuda]
 
 For each dtype and batch size, both engines get the same 32-token prompt(s) and
 must write exactly --new-tokens tokens (EOS ignored), greedy. Reported tok/s is
@@ -28,13 +28,20 @@ PROMPT = ("The history of the lighthouse begins with fires lit on hills near har
           "and over the centuries it became a craft of lenses, clockwork and")
 
 
-def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_bandwidth(device, nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     """Bytes per second for reading a large tensor (a sum reads every byte once)."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     best = float("inf")
     for _ in range(repeats):
+        sync(device)
         t = time.perf_counter()
         x.sum()
+        sync(device)
         best = min(best, time.perf_counter() - t)
     return nbytes / best
 
@@ -42,19 +49,23 @@ def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
 def time_tinyinfer(llm, ids, n):
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     prompts = [{"prompt_token_ids": ids}] * BATCH
+    sync(llm.device)
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
+    sync(llm.device)
     dt = time.perf_counter() - t
     assert all(len(o.outputs[0].token_ids) == n for o in outs)
     return dt
 
 
 def time_transformers(hf, ids, n):
-    x = torch.tensor([ids] * BATCH)
+    x = torch.tensor([ids] * BATCH, device=hf.device)
+    sync(hf.device)
     t = time.perf_counter()
     with torch.inference_mode():
         out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                           do_sample=False, pad_token_id=2)
+    sync(hf.device)
     dt = time.perf_counter() - t
     assert out.shape[1] == len(ids) + n
     return dt
@@ -68,19 +79,21 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     folder = ensure_packaged_model()
-    bw = measure_bandwidth()
-    print(f"device cpu, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+    bw = measure_bandwidth(device)
+    print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}; "
           f"measured read bandwidth {bw / 1e9:.1f} GB/s")
     rows = []
     for dtype in args.dtypes.split(","):
-        llm = LLM(dtype=dtype, device="cpu")
-        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+        llm = LLM(dtype=dtype, device=args.device)
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
         ids = llm.tokenizer.encode(PROMPT)[:32]
         weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
         for batch in map(int, args.batches.split(",")):

@@ -47,10 +47,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "auto",
-                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int | None = None):
+                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int | None = None,
+                 quantization: str | None = None, group_size: int = 128):
         # Check the cheap arguments before loading anything.
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if quantization is not None or group_size != 128:
+            from .quant import check_method  # names the field and its allowed values
+
+            check_method(quantization or "int4", group_size)
         if not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
             raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: must be an integer >= 1")
         folder = resolve_model(model)
@@ -69,6 +74,10 @@ class LLM:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted(eos)
         model_ = load_model(folder, self.dtype, self.device)
+        if quantization is not None:  # weight-only: swap each decoder Linear for its quantized twin
+            from .quant import quantize_model
+
+            quantize_model(model_, quantization, group_size)
         self.runner = ModelRunner(model_, self.device, self.dtype, pad_token_id=self.eos_token_ids[0] if eos else 0)
         self._ids = itertools.count()
 

@@ -133,3 +133,48 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
+
+
+# --- inspection helpers for chapters and labs (the engine never calls these) ---
+
+
+@torch.no_grad()  # not inference_mode: its tensors refuse in-place edits later, which would puzzle a learner
+def next_token_logits(llm, prompt) -> torch.Tensor:
+    """The raw scores the model gives every vocabulary entry as the token after
+    `prompt` (a string, or a list of token ids): one forward pass, no sampling.
+    Returned as a 1-D fp32 tensor on the CPU, so it can be examined anywhere."""
+    from .kv_cache import KVCache  # here, not at the top: the sampler itself needs no model
+
+    ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    model = llm.model
+    input_ids = torch.tensor([ids], device=llm.device)
+    positions = torch.arange(len(ids), device=llm.device)[None]
+    cache = KVCache(model.config, 1, len(ids), llm.dtype, llm.device)  # a fresh cache for this one pass
+    hidden = model(input_ids, positions, cache)
+    return model.compute_logits(hidden[0, -1]).float().cpu()
+
+
+def next_token_distribution(llm, prompt, params: SamplingParams, top: int = 10):
+    """The distribution the sampler would draw the next token from, returned for
+    inspection: (probs over the whole vocabulary after every processor in
+    `params`, the `top` most likely entries as (token_id, text, probability)).
+
+    As in the engine, the repetition penalty counts the prompt's tokens as seen.
+    At temperature 0 the draw is greedy, so all the probability sits on one token."""
+    ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    seen = torch.tensor(sorted(set(ids))) if params.repetition_penalty != 1.0 else None
+    probs = processed_probs(next_token_logits(llm, ids), params, seen)
+    values, order = torch.topk(probs, top)
+    pairs = [(int(i), float(v)) for v, i in zip(values, order) if v > 0]  # cut tokens are not candidates
+    return probs, [(i, llm.tokenizer.decode([i]), v) for i, v in pairs]
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The probabilities `sample` draws from, for one row of raw logits. At
+    temperature 0 (greedy) all of it sits on the highest processed score."""
+    processed = process_logits(logits.float(), params, seen)
+    if params.greedy:
+        probs = torch.zeros_like(processed)
+        probs[torch.argmax(processed)] = 1.0
+        return probs
+    return processed.softmax(-1)

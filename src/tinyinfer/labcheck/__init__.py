@@ -4,6 +4,10 @@ One module per lab; every public `check_*` and `reference_*` is re-exported here
 so notebooks write `labcheck.check_bpe_encode_piece(fn)` whatever the lab.
 """
 from .core import Case, _report  # noqa: F401
+from .attention import check_causal_gqa_attention, check_rope, reference_causal_gqa_attention, reference_rope  # noqa: F401
+from .prefill_decode import check_arithmetic_intensity, check_predict_decode_time, check_ttft_and_tpot, reference_arithmetic_intensity, reference_predict_decode_time, reference_ttft_and_tpot  # noqa: F401,E501
+from .quantization import check_pack_int4, check_quantize_int4, check_quantize_int8, reference_pack_int4, reference_quantize_int4, reference_quantize_int8  # noqa: F401,E501
+from .sampling import check_repetition_penalty, check_sample, check_temperature, check_top_k, check_top_p, reference_sample  # noqa: F401,E501
 from .tokens import (  # noqa: F401
     _cl100k, check_bpe_encode_piece, check_compare_tokenizers, check_count_tokens,
     reference_compare_tokenizers, reference_count_tokens,

@@ -1,0 +1,261 @@
+"""How fast this machine moves bytes and does arithmetic, and what that predicts
+for a forward step of the model: the roofline model.
+
+A step of the model has to do some arithmetic (FLOPs) and move some bytes
+(weights and KV cache out of memory). A chip can do at most `peak_flops` FLOPs
+per second and read at most `bandwidth` bytes per second, so the step takes at
+least
+
+    max(flops / peak_flops, bytes / bandwidth)
+
+seconds. Which term wins depends on the step's arithmetic intensity, FLOPs per
+byte. Prefill does hundreds of FLOPs per byte of weights (every weight is used
+once per prompt token); decode at batch 1 does about two FLOPs per weight it
+reads, so it waits on memory.
+
+    roof = Roofline.measure("cpu", torch.float32)   # about a second
+    print(roof)
+    cost = forward_cost(llm.model.config, batch=1, context=512, bytes_per_param=4)
+    print(cost, cost.time(roof))                    # a lower bound, in seconds
+
+The micro-benchmarks report the best of a few short runs: noise (other
+programs, a clock ramping up) only ever makes a run slower.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+
+# ------------------------------------------------------------------ measuring
+
+
+def best_time(fn: Callable[[], object], device: str | torch.device = "cpu", repeats: int = 3) -> float:
+    """Fastest of `repeats` timed calls of fn, in seconds, after one warm-up call.
+
+    A GPU runs work asynchronously: the Python call returns before the kernel has
+    finished, so on CUDA we time with events recorded on the GPU's own stream and
+    wait for them, instead of reading the host's clock."""
+    device = torch.device(device)
+    fn()  # warm-up: first calls pay for allocation, kernel selection, caches
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+        else:
+            t = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - t
+        best = min(best, seconds)
+    return best
+
+
+def measure_bandwidth(device: str | torch.device = "cpu", nbytes: int | None = None, repeats: int = 10) -> float:
+    """Memory read bandwidth in bytes per second, as torch sees it.
+
+    Summing a tensor reads every byte once and writes a single number, so the
+    time is almost all reading. The tensor must be much larger than the caches,
+    or we would time the cache instead: a GPU's L2 holds tens of MB, and some
+    server CPUs have hundreds of MB of L3, hence 1 GiB by default."""
+    device = torch.device(device)
+    if nbytes is None:
+        nbytes = 2**30
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    return x.numel() * 4 / best_time(x.sum, device, repeats)
+
+
+def measure_matmul_flops(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                         n: int | None = None, repeats: int = 5) -> float:
+    """Arithmetic throughput in FLOP/s: an n x n by n x n matrix product.
+
+    That product does 2*n**3 FLOPs (n**3 multiply-adds) on 3*n**2 values, so for
+    large n it is limited by arithmetic, not memory: about the best a real
+    workload can hope for with this dtype on this device."""
+    device = torch.device(device)
+    if n is None:
+        n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return 2 * n**3 / best_time(lambda: a @ b, device, repeats)
+
+
+# ------------------------------------------------------------------ the roofline
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The roofline model of one chip: a compute roof and a memory slope.
+
+    A kernel that does `intensity` FLOPs per byte it moves can reach at most
+    min(peak_flops, intensity * bandwidth) FLOP/s. Below the ridge point it is
+    memory-bound (the slope), above it compute-bound (the flat roof)."""
+
+    peak_flops: float  # FLOP/s
+    bandwidth: float  # bytes/s
+    name: str = ""
+
+    @classmethod
+    def measure(cls, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "Roofline":
+        """This machine's roofline, from the two micro-benchmarks above."""
+        device = torch.device(device)
+        name = f"{device.type} {str(dtype).removeprefix('torch.')}"
+        return cls(measure_matmul_flops(device, dtype), measure_bandwidth(device), name)
+
+    @property
+    def ridge_point(self) -> float:
+        """The intensity (FLOP/byte) at which memory and arithmetic take equally long."""
+        return self.peak_flops / self.bandwidth
+
+    def attainable(self, intensity):
+        """The most FLOP/s a kernel of this intensity can reach: a float for a
+        number, an array for an array (to draw the roofline)."""
+        roof = np.minimum(self.peak_flops, np.asarray(intensity, dtype=float) * self.bandwidth)
+        return float(roof) if roof.ndim == 0 else roof
+
+    def bound(self, intensity: float) -> str:
+        return "memory" if intensity < self.ridge_point else "compute"
+
+    def time(self, flops: float, nbytes: float) -> float:
+        """A lower bound on the seconds for work that does `flops` and moves `nbytes`."""
+        return max(flops / self.peak_flops, nbytes / self.bandwidth)
+
+    def __str__(self) -> str:
+        label = f" ({self.name})" if self.name else ""
+        return (f"Roofline{label}: peak {format_flops(self.peak_flops)}, bandwidth "
+                f"{format_bandwidth(self.bandwidth)}, ridge point {self.ridge_point:.1f} FLOP/byte")
+
+    __repr__ = __str__
+
+
+# ------------------------------------------------------------------ the model's cost per step
+
+
+def kv_bytes_per_token(config: ModelConfig, bytes_per_value: float = 2) -> float:
+    """Bytes the KV cache holds for one token of one sequence: a key and a value
+    vector per KV head, in every layer."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * bytes_per_value
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The arithmetic and the memory traffic of one forward step."""
+
+    flops: float
+    nbytes: float
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity: FLOPs per byte moved."""
+        return self.flops / self.nbytes
+
+    def time(self, roofline: Roofline) -> float:
+        """The roofline's lower bound on this step's time, in seconds."""
+        return roofline.time(self.flops, self.nbytes)
+
+    def __str__(self) -> str:
+        return (f"StepCost({self.flops / 1e9:,.2f} GFLOP, {self.nbytes / 1e9:,.3f} GB moved, "
+                f"intensity {self.intensity:,.1f} FLOP/byte)")
+
+    __repr__ = __str__
+
+
+def forward_cost(model: ModelConfig | float, batch: int = 1, new_tokens: int = 1, context: int = 0,
+                 bytes_per_param: float = 2, kv_bytes_per_value: float | None = None,
+                 kv_token_bytes: float = 0) -> StepCost:
+    """FLOPs and bytes of one forward step: `new_tokens` tokens for each of
+    `batch` sequences, each with `context` positions already in its KV cache.
+    Decode is new_tokens=1; a prefill of a T-token prompt is new_tokens=T, context=0.
+
+    `model` is a ModelConfig, or just a parameter count (then pass the KV
+    cache's bytes per token as kv_token_bytes; attention's own FLOPs are left out).
+
+    Bytes: every weight is read once per step, however many tokens share it,
+    plus the KV cache: the `context` cached positions are read and the new ones
+    written, for every sequence. Activations are left out (small next to the
+    weights at the batch sizes that matter here).
+
+    FLOPs: each weight takes part in one multiply and one add per token, 2 per
+    parameter per token. With a ModelConfig we are more careful: the input
+    embedding is a lookup (no arithmetic), only the last position of each
+    sequence goes through the LM head (as in engines), and attention adds
+    4 * head_dim FLOPs per layer, query head, and (query, visible key) pair."""
+    if not isinstance(model, ModelConfig):
+        params = float(model)
+        flops = 2 * params * batch * new_tokens
+        weight_bytes = params * bytes_per_param
+    else:
+        c = model
+        head = c.vocab_size * c.hidden_size
+        # num_parameters() counts a tied embedding once, as the LM head; an untied
+        # input embedding is only looked up (one row per token), so it is not read whole.
+        weights = c.num_parameters() - (0 if c.tie_word_embeddings else head)
+        body = weights - head
+        # (query, key) pairs: causal, so new token t sees the context plus t + 1 keys
+        pairs = new_tokens * context + new_tokens * (new_tokens + 1) / 2
+        attention = 4 * c.head_dim * c.num_attention_heads * c.num_hidden_layers * pairs
+        flops = batch * (2 * body * new_tokens + 2 * head + attention)
+        weight_bytes = weights * bytes_per_param
+        kv_value = bytes_per_param if kv_bytes_per_value is None else kv_bytes_per_value
+        kv_token_bytes = kv_bytes_per_token(c, kv_value)
+    kv_bytes = batch * (context + new_tokens) * kv_token_bytes
+    return StepCost(flops, weight_bytes + kv_bytes)
+
+
+def predict_step_time(model: ModelConfig | float, roofline: Roofline, batch: int = 1, context: int = 0,
+                      new_tokens: int = 1, **kw) -> float:
+    """The roofline's lower bound, in seconds, on one forward step (a decode step
+    by default). Keyword arguments go to forward_cost."""
+    return forward_cost(model, batch, new_tokens, context, **kw).time(roofline)
+
+
+# ------------------------------------------------------------------ the textbook's matrix product
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of an [m, k] @ [k, n] product: m*n outputs, each k multiply-adds."""
+    return 2 * m * n * k
+
+
+def matmul_bytes(m: int, n: int, k: int, bytes_per_value: float) -> float:
+    """Bytes it must move at least: read both inputs once, write the output once."""
+    return (m * k + k * n + m * n) * bytes_per_value
+
+
+def arithmetic_intensity(m: int, n: int, k: int, bytes_per_value: float) -> float:
+    """FLOPs per byte of an [m, k] @ [k, n] product. With m = 1 (one token
+    through a weight matrix: a matrix-vector product) it is about
+    2 / bytes_per_value whatever the size; with m = n = k it grows like n."""
+    return matmul_flops(m, n, k) / matmul_bytes(m, n, k, bytes_per_value)
+
+
+# ------------------------------------------------------------------ printing
+
+
+def _si(value: float, unit: str, prefixes: str) -> str:
+    """Three significant digits with the largest decimal prefix that fits."""
+    scale, prefix = 1.0, ""
+    for p in prefixes:
+        if abs(value) >= 1000.0 ** ("KMGT".index(p) + 1):
+            scale, prefix = 1000.0 ** ("KMGT".index(p) + 1), p
+    v = value / scale
+    return f"{v:.3g} {prefix}{unit}" if abs(v) < 1000 else f"{v:,.0f} {prefix}{unit}"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    """'33.1 GB/s' (decimal units, as memory bandwidth is quoted)."""
+    return _si(bytes_per_s, "B/s", "KMGT")
+
+
+def format_flops(flops_per_s: float) -> str:
+    """'250 GFLOP/s' or '989 TFLOP/s'."""
+    return _si(flops_per_s, "FLOP/s", "GT")

@@ -1,0 +1,98 @@
+"""Look inside the model while it reads a text: the hidden state entering each
+layer, the final hidden states, and every head's attention probabilities.
+
+The engine never calls this file; chapters and labs do. It only watches: hooks
+copy what passes through a module, and the attention probabilities are
+recomputed from what the hooks saw, because the engine's fused attention kernel
+(torch's scaled_dot_product_attention) never writes them down.
+
+    from tinyinfer.inspect import attention_weights, layer_inputs
+    probs = attention_weights(llm, "const user = getUser();", layer=3)  # [H, T, T]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .kv_cache import KVCache
+from .model import apply_rope
+
+
+def token_ids(llm, text) -> list[int]:
+    """A text's token ids, exactly as llm.generate would see them (no BOS is added).
+    A list of ids is passed through unchanged."""
+    return llm.tokenizer.encode(text) if isinstance(text, str) else list(text)
+
+
+@torch.no_grad()  # not inference_mode: its tensors could not be fed back into a module later
+def _forward(llm, ids: list[int]) -> torch.Tensor:
+    """One prefill pass over a single sequence with a fresh cache; hidden states [T, C]."""
+    model, runner = llm.model, llm.runner
+    input_ids = torch.tensor([ids], device=runner.device)
+    positions = torch.arange(len(ids), device=runner.device)[None]
+    cache = KVCache(model.config, 1, len(ids), runner.dtype, runner.device)
+    return model(input_ids, positions, cache)[0]
+
+
+def hidden_states(llm, text) -> torch.Tensor:
+    """The model's output for every position, [T, C]: what the LM head turns into logits."""
+    return _forward(llm, token_ids(llm, text))
+
+
+def layer_inputs(llm, text) -> list[torch.Tensor]:
+    """The residual stream at every depth, L + 1 tensors of shape [T, C]:
+    entry i is what enters layer i, and the last entry is what leaves the last
+    layer (before the final RMSNorm). On the model's device, in its dtype, so a
+    layer can be recomputed from its input: layers[i](entry i) gives entry i + 1."""
+    stack = llm.model.model
+    seen: list[torch.Tensor] = []
+
+    def keep(module, args):
+        seen.append(args[0][0].detach().clone())  # args[0] is x [B=1, T, C]
+
+    hooks = [layer.register_forward_pre_hook(keep) for layer in stack.layers]
+    hooks.append(stack.norm.register_forward_pre_hook(keep))
+    try:
+        _forward(llm, token_ids(llm, text))
+    finally:
+        for hook in hooks:  # never leave a hook behind: it would slow every later call
+            hook.remove()
+    return seen
+
+
+@torch.no_grad()
+def attention_weights(llm, text, layer: int | None = None) -> torch.Tensor:
+    """Every query head's attention probabilities: [H, T, T] for one layer, or
+    [L, H, T, T] for all of them when layer is None (one forward pass either way).
+    fp32, on the CPU.
+
+    Row t of head h says how much position t's output draws on each position
+    0..T-1; every row sums to 1 and is exactly 0 right of the diagonal (the future)."""
+    blocks = llm.model.model.layers
+    chosen = range(len(blocks)) if layer is None else [layer]
+    seen = {}
+    hooks = [blocks[i].input_layernorm.register_forward_hook(
+        lambda mod, args, out, i=i: seen.__setitem__(i, out[0].float())) for i in chosen]
+    try:
+        _forward(llm, token_ids(llm, text))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    probs = torch.stack([_attention_probs(llm.model, blocks[i].self_attn, seen[i]) for i in chosen])
+    return probs if layer is None else probs[0]
+
+
+def _attention_probs(model, attn, x: torch.Tensor) -> torch.Tensor:
+    """softmax(mask(q k^T / sqrt(D))) for one layer, from the normalized input x
+    [T, C] that its attention block projects; returns [H, T, T]."""
+    T, H, Hkv, D = x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q, k, _ = (x @ attn.qkv_proj.weight.float().T).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    q = q.view(T, H, D).transpose(0, 1)  # [H, T, D]
+    k = k.view(T, Hkv, D).transpose(0, 1)  # [Hkv, T, D]
+    cos, sin = model.rope_cos[:T].float(), model.rope_sin[:T].float()
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k = k.repeat_interleave(H // Hkv, dim=0)  # query head h reads key head h // group size
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)  # [H, T, T]
+    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1).cpu()

@@ -1,0 +1,355 @@
+"""Lab 3 (sampling): checks for the four logits processors and the sampler.
+
+The processors are compared exactly with tinyinfer.sampling, on small logits
+made by hand to hit the edge cases: ties, all-equal scores, negative scores,
+tokens an earlier processor already removed (-inf), top_p = 1 and a tiny top_p.
+
+A sampler draws at random, so its check is statistical: it draws many tokens
+from a known distribution with a generator seeded by the check, counts them,
+and runs a chi-square goodness-of-fit test. The seed is fixed, so the verdict
+on a given function is the same on every run. A correct sampler fails a test
+at level ALPHA = 0.001 one time in a thousand by bad luck; a sampler that
+ignores the temperature or always takes the top token fails it by a mile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .core import Case, _report
+
+INF = float("inf")
+NUM_DRAWS = 20_000
+ALPHA = 1e-3
+# The chi-square distribution's critical values at ALPHA = 0.001: a statistic
+# above CHI2_CRITICAL[df] has less than a 0.1% chance under the expected
+# distribution. (scipy.stats.chi2.ppf(1 - 0.001, df); tests recompute them.)
+CHI2_CRITICAL = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124}
+
+
+def _t(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def _log(probs) -> torch.Tensor:
+    """Logits whose softmax is exactly `probs` (up to rounding)."""
+    return _t(probs).log()
+
+
+# ------------------------------------------------------------------ comparing
+
+
+class _ChangedInput:
+    """What a check reports when the learner's function modified its argument."""
+
+    def __init__(self, now: torch.Tensor):
+        self.now = now
+
+    def __repr__(self):
+        return f"<the input tensor was changed in place; it is now {self.now!r}>"
+
+
+def _call_on_copy(fn, logits: torch.Tensor, *rest):
+    """Call fn on a copy of `logits`; report an in-place change instead of the result.
+    (In the engine the same row of logits is read again later, for logprobs.)"""
+    x = logits.clone()
+    out = fn(x, *rest)
+    if not torch.equal(x.isnan(), logits.isnan()) or not torch.equal(x.nan_to_num(), logits.nan_to_num()):
+        return _ChangedInput(x)
+    return out
+
+
+def _same_logits(got, expected: torch.Tensor) -> bool:
+    """Same shape, -inf in the same places, the other values equal up to rounding."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return False
+    got = got.detach().float().cpu()
+    cut = expected == -INF
+    if not torch.equal(got == -INF, cut):
+        return False
+    return torch.allclose(got[~cut], expected[~cut], rtol=1e-5, atol=1e-6)
+
+
+@dataclass
+class _Cut:
+    """The expected result of a filter like top-p, where ties can make more than
+    one answer right: any top-scoring set of the reference's size, with the kept
+    scores unchanged and every other score -inf."""
+
+    reference: torch.Tensor
+    original: torch.Tensor
+
+    def __repr__(self):
+        return repr(self.reference)
+
+
+def _same_cut(got, expected: _Cut) -> bool:
+    if not isinstance(got, torch.Tensor) or got.shape != expected.original.shape:
+        return False
+    got = got.detach().float().cpu()
+    kept = got > -INF
+    if int(kept.sum()) != int((expected.reference > -INF).sum()):
+        return False
+    if not bool((got[~kept] == -INF).all()):  # catches NaN as well
+        return False
+    original = expected.original
+    if not torch.allclose(got[kept], original[kept], rtol=1e-5, atol=1e-6):
+        return False
+    dropped = ~kept & (original > -INF)
+    return not (kept.any() and dropped.any()) or bool(original[kept].min() >= original[dropped].max())
+
+
+# ---------------------------------------------------------------- temperature
+
+TEMPERATURE_CASES = [
+    ([2.0, 1.0, 0.5, -1.0], 1.0),
+    ([2.0, 1.0, 0.5, -1.0], 0.5),
+    ([2.0, 1.0, 0.5, -1.0], 2.0),
+    ([3.0, 3.0, 3.0], 0.7),  # all equal: still all equal
+    ([-4.0, -2.5, -9.0], 0.25),  # negative scores move further down
+    ([1.5, -INF, 0.5, -INF], 0.8),  # a token another processor removed stays removed
+]
+
+
+def _temperature_cases() -> list[Case]:
+    from ..sampling import apply_temperature
+
+    cases = []
+    for values, t in TEMPERATURE_CASES:
+        logits = _t(values)
+        cases.append(Case((lambda f, x=logits, t=t: _call_on_copy(f, x, t),), apply_temperature(logits, t),
+                          f"logits={values}, temperature={t}"))
+    return cases
+
+
+def check_temperature(fn) -> bool:
+    """fn(logits, temperature) -> logits divided by the temperature, against
+    tinyinfer.sampling.apply_temperature. The input must not be modified."""
+    return _report("temperature", lambda probe: probe(fn), _temperature_cases, same=_same_logits)
+
+
+# ---------------------------------------------------------------------- top-k
+
+TOP_K_CASES = [
+    ([1.0, 4.0, 2.0, 3.0], 2, ""),
+    ([1.0, 4.0, 2.0, 3.0], 1, ""),
+    ([3.0, 1.0, 2.0, 2.0], 2, "  (a tie at the k-th score: both stay)"),
+    ([5.0, 5.0, 5.0, 5.0], 1, "  (all equal: all tied with the top, so all stay)"),
+    ([-3.0, -1.0, -2.0, -5.0], 2, "  (negative scores)"),
+    ([0.5, -INF, 2.0, -INF, 1.0], 2, "  (-inf: already removed)"),
+    ([1.0, 4.0, 2.0, 3.0], 4, "  (k = vocabulary size: nothing to cut)"),
+    ([1.0, 4.0, 2.0, 3.0], 10, "  (k > vocabulary size)"),
+    ([1.0, 4.0, 2.0, 3.0], -1, "  (k = -1 switches top-k off)"),
+]
+
+
+def _top_k_cases() -> list[Case]:
+    from ..sampling import apply_top_k
+
+    cases = []
+    for values, k, note in TOP_K_CASES:
+        logits = _t(values)
+        cases.append(Case((lambda f, x=logits, k=k: _call_on_copy(f, x, k),), apply_top_k(logits, k),
+                          f"logits={values}, k={k}{note}"))
+    return cases
+
+
+def check_top_k(fn) -> bool:
+    """fn(logits, k) -> logits with every score below the k-th highest set to
+    -inf (ties with the k-th are kept; k = -1 means off), against
+    tinyinfer.sampling.apply_top_k."""
+    return _report("top_k", lambda probe: probe(fn), _top_k_cases, same=_same_logits)
+
+
+# ---------------------------------------------------------------------- top-p
+
+# (logits, p, note). Most logits are log-probabilities, so the masses are easy
+# to add up by hand; no p sits exactly on a cumulative sum, where rounding would decide.
+TOP_P_CASES = [
+    (_log([0.5, 0.3, 0.15, 0.05]), 0.7, "keep tokens until their mass reaches p"),
+    (_log([0.5, 0.3, 0.15, 0.05]), 0.9, ""),
+    (_log([0.5, 0.3, 0.15, 0.05]), 0.4, "the top token alone is enough"),
+    (_log([0.15, 0.05, 0.5, 0.3]), 0.7, "the same, not sorted"),
+    (_log([0.5, 0.3, 0.15, 0.05]), 1.0, "p = 1 keeps everything"),
+    (_log([0.5, 0.3, 0.15, 0.05]), 1e-6, "a tiny p still keeps the top token"),
+    (_t([2.0, 1.0, 0.5, -1.0]), 0.75, "raw scores: softmax them first"),
+    (_t([-3.0, -1.0, -2.0, -5.0]), 0.8, "negative scores"),
+    (_t([1.0, 1.0, 1.0, 1.0]), 0.6, "all equal: any three of them"),
+    (_t([1.0, -INF, 0.0, -INF, 0.5]), 0.6, "-inf entries carry no mass"),
+]
+
+
+def _top_p_cases() -> list[Case]:
+    from ..sampling import apply_top_p
+
+    cases = []
+    for logits, p, note in TOP_P_CASES:
+        expected = _Cut(apply_top_p(logits, p), logits)
+        probs = [round(x, 3) for x in logits.softmax(-1).tolist()]
+        cases.append(Case((lambda f, x=logits, p=p: _call_on_copy(f, x, p),), expected,
+                          f"logits={logits!r}, p={p}  (softmax {probs}{'; ' + note if note else ''})"))
+    return cases
+
+
+def check_top_p(fn) -> bool:
+    """fn(logits, p) -> logits with -inf outside the smallest set of most likely
+    tokens whose probabilities sum to at least p, against
+    tinyinfer.sampling.apply_top_p (tied tokens may be chosen either way)."""
+    return _report("top_p", lambda probe: probe(fn), _top_p_cases, same=_same_cut)
+
+
+# ------------------------------------------------------------ repetition penalty
+
+REPETITION_CASES = [
+    ([2.0, 1.0, -1.0, 0.5], [0], 2.0, "a positive score is divided"),
+    ([2.0, 1.0, -1.0, 0.5], [2], 2.0, "a negative score is multiplied, so it goes down too"),
+    ([2.0, 1.0, -1.0, 0.0, 0.5], [0, 2, 3], 1.3, "positive, negative and zero"),
+    ([2.0, 1.0, -1.0, 0.5], [1, 1, 2, 1, 2], 1.5, "ids repeat in a text: the penalty applies once per token"),
+    ([2.0, 1.0, -1.0, 0.5], [0, 2], 1.0, "penalty 1 changes nothing"),
+    ([2.0, 1.0, -1.0, 0.5], [0, 2], 0.5, "a penalty below 1 favours seen tokens"),
+    ([2.0, 1.0, -1.0, 0.5], [], 1.5, "nothing seen yet"),
+]
+
+
+def _repetition_cases() -> list[Case]:
+    from ..sampling import apply_repetition_penalty
+
+    cases = []
+    for values, seen, penalty, note in REPETITION_CASES:
+        logits, ids = _t(values), torch.tensor(seen, dtype=torch.long)
+        cases.append(Case((lambda f, x=logits, s=ids, r=penalty: _call_on_copy(f, x, s.clone(), r),),
+                          apply_repetition_penalty(logits, ids, penalty),
+                          f"logits={values}, seen={seen}, penalty={penalty}  ({note})"))
+    return cases
+
+
+def check_repetition_penalty(fn) -> bool:
+    """fn(logits, seen_ids, penalty) -> logits where every token in seen_ids has
+    its positive score divided by the penalty and its negative score multiplied,
+    against tinyinfer.sampling.apply_repetition_penalty."""
+    return _report("repetition_penalty", lambda probe: probe(fn), _repetition_cases, same=_same_logits)
+
+
+# ------------------------------------------------------------------- sampler
+
+
+def reference_sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> int:
+    """The course's answer to lab 3's sampler exercise, through the engine's own sampler."""
+    from ..sampling import SamplingParams, sample
+
+    return sample(logits, SamplingParams(temperature=temperature), generator)
+
+
+def chi_square(counts: list[int], probs: list[float]) -> float:
+    """Pearson's statistic: sum over outcomes of (observed - expected)^2 / expected.
+    An outcome with probability 0 that was drawn anyway makes it infinite."""
+    n = sum(counts)
+    total = 0.0
+    for c, p in zip(counts, probs):
+        if p == 0:
+            if c:
+                return INF
+            continue
+        total += (c - n * p) ** 2 / (n * p)
+    return total
+
+
+class _Frequencies:
+    """How often each token was drawn, with the test's verdict, for the report."""
+
+    def __init__(self, counts: list[int], probs: list[float]):
+        self.counts, self.probs = counts, probs
+        self.df = sum(p > 0 for p in probs) - 1
+        self.stat = chi_square(counts, probs)
+
+    def passes(self) -> bool:
+        return self.stat <= CHI2_CRITICAL[self.df]
+
+    def __repr__(self):
+        n = sum(self.counts)
+        freqs = [round(c / n, 3) for c in self.counts]
+        verdict = "above" if not self.passes() else "within"
+        return f"frequencies {freqs} (chi-square {self.stat:.1f}, {verdict} {CHI2_CRITICAL[self.df]})"
+
+
+class _ExpectedFrequencies:
+    def __init__(self, probs: list[float]):
+        self.probs = probs
+
+    def __repr__(self):
+        df = sum(p > 0 for p in self.probs) - 1
+        return (f"frequencies near {[round(p, 3) for p in self.probs]} "
+                f"(chi-square at most {CHI2_CRITICAL[df]}, df={df}, alpha={ALPHA})")
+
+
+def _draws(fn, logits, temperature, seed, n) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return [int(fn(logits.clone(), temperature, generator)) for _ in range(n)]
+
+
+def _frequency_probe(logits: torch.Tensor, temperature: float, n: int = NUM_DRAWS):
+    probs = (logits / temperature).softmax(-1).tolist()
+
+    def probe(fn):
+        counts = [0] * len(probs)
+        for token in _draws(fn, logits, temperature, seed=1234, n=n):
+            if not 0 <= token < len(probs):
+                return f"a token id out of range: {token}"
+            counts[token] += 1
+        return _Frequencies(counts, probs)
+
+    return probe, _ExpectedFrequencies(probs)
+
+
+SAME_DRAWS = "the same 30 tokens from two generators with the same seed"
+
+
+def _same_draws(fn, logits, temperature) -> str:
+    first = _draws(fn, logits, temperature, seed=7, n=30)
+    again = _draws(fn, logits, temperature, seed=7, n=30)
+    return SAME_DRAWS if first == again else f"two generators with the same seed gave {first} and {again}"
+
+
+def _same_sample(got, expected) -> bool:
+    if isinstance(expected, _ExpectedFrequencies):
+        return isinstance(got, _Frequencies) and got.passes()
+    if isinstance(expected, str):
+        return got == expected
+    if isinstance(got, bool) or not isinstance(got, (int, torch.Tensor)):
+        return False
+    return int(got) == expected
+
+
+def _sample_cases() -> list[Case]:
+    cases = []
+    # temperature 0: greedy, the highest score every time (and no division by 0)
+    for values in ([1.0, 3.0, 2.0], [-5.0, -2.0, -3.0, -4.0], [0.5, -INF, 2.5, 1.0]):
+        logits = _t(values)
+        cases.append(Case((lambda f, x=logits: f(x.clone(), 0.0, torch.Generator().manual_seed(0)),),
+                          int(torch.argmax(logits)), f"logits={values}, temperature=0  (greedy)"))
+    # the generator is the only source of randomness: same seed, same draws
+    logits = _log([0.4, 0.3, 0.2, 0.1])
+    cases.append(Case((lambda f, x=logits: _same_draws(f, x, 1.0),), SAME_DRAWS,
+                      "logits=log([0.4, 0.3, 0.2, 0.1]), temperature=1, "
+                      "30 draws, twice, each time with torch.Generator().manual_seed(7)"))
+    # the right distribution, at several temperatures; removed tokens never drawn
+    for values, t, what in [
+        ([0.5, 0.25, 0.15, 0.1], 1.0, "log(probs)"),
+        ([0.5, 0.25, 0.15, 0.1], 0.5, "log(probs)"),
+        ([0.5, 0.25, 0.15, 0.1], 2.0, "log(probs)"),
+        ([2.0, -INF, 1.0, 0.0, -INF], 0.7, "raw scores, two removed"),
+    ]:
+        logits = _log(values) if what == "log(probs)" else _t(values)
+        probe, expected = _frequency_probe(logits, t)
+        shown = f"log({values})" if what == "log(probs)" else str(values)
+        cases.append(Case((probe,), expected, f"logits={shown}, temperature={t}, {NUM_DRAWS:,} draws"))
+    return cases
+
+
+def check_sample(fn) -> bool:
+    """fn(logits, temperature, generator) -> one token id: the highest score at
+    temperature 0, otherwise a draw from softmax(logits / temperature) using
+    only `generator` for randomness. Greedy cases are exact; draws are tested
+    with a chi-square test on 20,000 seeded draws per case."""
+    return _report("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample)

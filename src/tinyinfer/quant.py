@@ -1,0 +1,303 @@
+"""Weight-only quantization: INT8 and INT4 linear layers, swapped in place.
+
+A quantized weight is stored as small integers plus a little metadata that maps
+them back to real numbers:
+
+  INT8, symmetric, per output channel (one scale per row of W):
+      w ≈ scale * q,           q in -127..127,   scale = max|row| / 127
+  INT4, asymmetric, group-wise (one scale and one offset per `group_size`
+  consecutive weights of a row, along the input dimension):
+      w ≈ scale * q + zero,    q in 0..15,       scale = (max - min) / 15, zero = min
+
+Two INT4 codes share one byte, so a [out, in] weight becomes a uint8 tensor
+[out, in/2]. INT4's "zero point" is kept as a float offset, the real value that
+code 0 stands for (as llama.cpp's Q4_1 and the "tinygemm" kernels do), not as an
+integer code: the grid can then start exactly at the group's minimum.
+
+Only the weights are quantized. Activations, the KV cache, norms and (by
+default) the embedding and the tied LM head keep the model's dtype. Each
+forward pass de-quantizes the weight to the activation dtype and does an
+ordinary matmul (the readable reference path). Where torch has a packed-weight
+kernel for this device, it is used instead for decode-sized inputs (see
+`kernel_available` and KERNEL_MAX_ROWS).
+
+Like gpt-fast's `replace_linear_int8`, `quantize_model` swaps the nn.Linear
+modules of the decoder layers for Int8Linear / Int4Linear in place.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+METHODS = ("int8", "int4")
+GROUP_SIZES = (32, 64, 128)
+# The nn.Linear modules inside each decoder layer (model.model.layers[i]).
+LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+META_DTYPE = torch.float16  # INT4 scales and zeros: 2 bytes each, as in GGUF's Q4_1
+# torch's packed CPU kernels are matrix-vector kernels: measured here, they beat
+# de-quantize-then-matmul for a few rows (decode) but are many times slower than
+# it for a prompt's worth of rows (prefill). So they are used for small batches only.
+KERNEL_MAX_ROWS = 16
+
+
+# ----------------------------------------------------------------- INT8
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row INT8: returns q (int8 [out, in]) and scale (fp32 [out]).
+
+    -128 is left unused so the grid is symmetric: +x and -x round the same way."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # clamp: an all-zero row must not divide by 0
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return q.to(dtype) * scale[:, None].to(dtype)
+
+
+# ----------------------------------------------------------------- INT4
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[out, in] codes 0..15 -> uint8 [out, in/2]: column 2j in the low nibble, 2j+1 in the high."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4: uint8 [out, in/2] -> uint8 codes [out, in]."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+
+
+def _fp16(x: torch.Tensor, up: bool) -> torch.Tensor:
+    """Round to fp16, but never below x (up=True) or above it (up=False), so the
+    stored range still covers every weight of the group."""
+    y = x.to(META_DTYPE)
+    wrong = y.float() < x if up else y.float() > x
+    toward = torch.full_like(y, float("inf") if up else float("-inf"))
+    return torch.where(wrong, torch.nextafter(y, toward), y)
+
+
+def _pad_to_groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Widen [out, in] to a whole number of groups by repeating the last column.
+
+    SmolLM2's hidden size, 576, is 4.5 groups of 128, so a row's last group may
+    be short. Repeating a real value leaves that group's min and max unchanged;
+    the padding is dropped again and never stored."""
+    pad = -x.shape[1] % group_size
+    return torch.cat([x, x[:, -1:].expand(-1, pad)], dim=1) if pad else x
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric group-wise INT4. Returns packed (uint8 [out, in/2]), and
+    scales, zeros (fp16 [out, ceil(in/group_size)]) with w ≈ scale * q + zero."""
+    out, inp = w.shape
+    if inp % 2:
+        raise ValueError(f"INT4 packs two weights per byte: the input dimension {inp} must be even")
+    g = _pad_to_groups(w.float(), group_size).reshape(out, -1, group_size)
+    zeros = _fp16(g.amin(-1), up=False)  # code 0 stands for the group's minimum
+    scales = _fp16(((g.amax(-1) - zeros.float()) / 15).clamp(min=2**-24), up=True)  # code 15 for its maximum
+    q = torch.round((g - zeros.float()[..., None]) / scales.float()[..., None]).clamp(0, 15)
+    return pack_int4(q.reshape(out, -1)[:, :inp]), scales, zeros
+
+
+def dequantize_int4(packed, scales, zeros, group_size: int, dtype=torch.float32) -> torch.Tensor:
+    out, inp = packed.shape[0], packed.shape[1] * 2
+    q = _pad_to_groups(unpack_int4(packed), group_size).reshape(out, -1, group_size).to(dtype)
+    w = q * scales[..., None].to(dtype) + zeros[..., None].to(dtype)
+    return w.reshape(out, -1)[:, :inp]
+
+
+# ----------------------------------------------------------------- packed kernels
+
+_KERNEL_OK: dict = {}
+
+
+def kernel_available(kind: str, device, dtype) -> bool:
+    """Does torch have a working packed-weight matmul for `kind` on this device
+    and dtype? Tried once on a tiny input (ops differ across versions and builds)."""
+    key = (kind, torch.device(device).type, dtype)
+    if key not in _KERNEL_OK:
+        try:
+            w = torch.randn(64, 128, device=device)
+            x = torch.randn(2, 128, device=device, dtype=dtype)
+            layer = Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w, 32)
+            layer._kernel_forward(x)
+            _KERNEL_OK[key] = True
+        except (RuntimeError, NotImplementedError, AttributeError):
+            _KERNEL_OK[key] = False
+    return _KERNEL_OK[key]
+
+
+def _small(x: torch.Tensor, in_features: int) -> bool:
+    return x.numel() // in_features <= KERNEL_MAX_ROWS
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, use_kernel: bool = True):
+        super().__init__()
+        self.in_features, self.out_features, self.use_kernel = in_features, out_features, use_kernel
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features))
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, use_kernel: bool = True) -> "Int8Linear":
+        layer = cls(w.shape[1], w.shape[0], use_kernel)
+        layer.weight, layer.scales = quantize_int8(w)
+        return layer.to(w.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel and _small(x, self.in_features) and kernel_available("int8", x.device, x.dtype):
+            return self._kernel_forward(x)
+        # Reference path: expand the whole weight to x's dtype, then an ordinary matmul.
+        return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype))
+
+    def _kernel_forward(self, x):
+        # One kernel reads the int8 weight and applies the row scales as it goes.
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales.to(x.dtype))
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, group_size: int = 128, use_kernel: bool = True):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.use_kernel = use_kernel
+        groups = -(-in_features // group_size)  # a short last group still gets a scale
+        self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.ones(out_features, groups, dtype=META_DTYPE))
+        self.register_buffer("zeros", torch.zeros(out_features, groups, dtype=META_DTYPE))
+        self._kernel_cache = None  # (dtype, kernel-layout weight, scales_and_zeros), built on first use
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, group_size: int = 128, use_kernel: bool = True) -> "Int4Linear":
+        layer = cls(w.shape[1], w.shape[0], group_size, use_kernel)
+        layer.weight, layer.scales, layer.zeros = quantize_int4(w, group_size)
+        return layer.to(w.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel and _small(x, self.in_features) and kernel_available("int4", x.device, x.dtype):
+            return self._kernel_forward(x)
+        w = dequantize_int4(self.weight, self.scales, self.zeros, self.group_size, x.dtype)
+        return F.linear(x, w)
+
+    def _kernel_forward(self, x):
+        # torch's CPU int4 kernel wants its own nibble layout and, per group,
+        # (scale, zero') in x's dtype with w = (q - 8) * scale + zero'. That is a
+        # second copy of this layer's weight: the kernel path trades memory for speed.
+        if self._kernel_cache is None or self._kernel_cache[0] != x.dtype:
+            codes = _pad_to_groups(unpack_int4(self.weight), self.group_size).to(torch.int32)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            s, z = self.scales.float(), self.zeros.float()
+            sz = torch.stack([s.T, (z + 8 * s).T], dim=-1).to(x.dtype).contiguous()
+            self._kernel_cache = (x.dtype, packed, sz)
+        _, packed, sz = self._kernel_cache
+        x2 = x.reshape(-1, self.in_features)
+        pad = -self.in_features % self.group_size
+        if pad:  # the kernel wants whole groups: zero inputs meet the padded columns
+            x2 = F.pad(x2, (0, pad))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, sz)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+# ----------------------------------------------------------------- whole models
+
+
+def check_method(method, group_size) -> None:
+    if method not in METHODS:
+        raise ValueError(f"quantization={method!r} is invalid: must be None or one of {', '.join(map(repr, METHODS))}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size={group_size!r} is invalid: must be one of {', '.join(map(str, GROUP_SIZES))}")
+
+
+def quantize_model(model: nn.Module, method: str, group_size: int = 128, include_lm_head: bool = False,
+                   use_kernel: bool = True) -> nn.Module:
+    """Replace every linear layer of the decoder layers by its quantized twin, in place.
+
+    The embedding always stays as it is. The LM head is left alone by default:
+    in SmolLM2 it is tied to the embedding (one tensor), so quantizing it adds
+    a second, quantized copy rather than saving anything. use_kernel lets
+    decode steps use torch's packed kernels where they exist (the INT4 one
+    builds a second, kernel-layout copy of each weight on first use)."""
+    check_method(method, group_size)
+    targets = [(layer, name) for layer in model.model.layers for name in LAYER_LINEARS]
+    if include_lm_head:
+        targets.append((model, "lm_head"))
+    for parent, dotted in targets:
+        *path, leaf = dotted.split(".")
+        owner = parent
+        for part in path:
+            owner = getattr(owner, part)
+        linear = getattr(owner, leaf)
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"{dotted} is a {type(linear).__name__}; is the model already quantized?")
+        w = linear.weight.detach()
+        new = Int8Linear.from_weight(w, use_kernel) if method == "int8" else Int4Linear.from_weight(w, group_size, use_kernel)
+        setattr(owner, leaf, new)
+    return model
+
+
+def set_use_kernel(model: nn.Module, on: bool) -> None:
+    """Switch every quantized layer between the packed kernel and the reference path."""
+    for m in model.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            m.use_kernel = on
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def model_bytes(model: nn.Module) -> dict:
+    """Exact bytes held by the model's tensors, by kind (a tied tensor counted once)."""
+    out = {"packed_weights": 0, "scales": 0, "zeros": 0, "unquantized": 0, "quantized_params": 0,
+           "unquantized_params": 0}
+    quantized = set()
+    for m in model.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            out["packed_weights"] += _nbytes(m.weight)
+            out["scales"] += _nbytes(m.scales)
+            out["zeros"] += _nbytes(m.zeros) if isinstance(m, Int4Linear) else 0
+            out["quantized_params"] += m.in_features * m.out_features
+            quantized.update(id(b) for b in m.buffers())
+    seen = set()
+    for t in list(model.parameters()) + list(model.buffers(recurse=True)):
+        if id(t) in quantized or t.data_ptr() in seen or t is getattr(model, "rope_cos", None) \
+                or t is getattr(model, "rope_sin", None):
+            continue  # rope tables are recomputed from the config, not weights
+        seen.add(t.data_ptr())
+        out["unquantized"] += _nbytes(t)
+        out["unquantized_params"] += t.numel()
+    out["total"] = out["packed_weights"] + out["scales"] + out["zeros"] + out["unquantized"]
+    return out
+
+
+def ideal_bytes(params: int, bits: float) -> float:
+    """Raw weight bytes by formula, before any metadata or packing: params × bits / 8."""
+    return params * bits / 8
+
+
+def linear_shapes(config) -> list[tuple[int, int]]:
+    """(out, in) of the four linear layers of one decoder layer, from the config alone."""
+    c, d, i = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    return [(q + 2 * kv, c), (c, q), (2 * i, c), (c, i)]
+
+
+def formula_bytes(config, method: str, group_size: int = 128) -> dict:
+    """The bytes model_bytes must find in the quantized layers, by formula:
+    INT8: 1 byte per weight + a 4-byte scale per row;
+    INT4: 1/2 byte per weight + a 2-byte scale and a 2-byte zero per group
+    (per row, ceil(in / group_size) groups)."""
+    check_method(method, group_size)
+    shapes = linear_shapes(config) * config.num_hidden_layers
+    params = sum(o * i for o, i in shapes)
+    if method == "int8":
+        return {"params": params, "packed_weights": params, "scales": 4 * sum(o for o, _ in shapes), "zeros": 0}
+    groups = sum(o * -(-i // group_size) for o, i in shapes)  # a short last group counts as one
+    return {"params": params, "packed_weights": params // 2, "scales": 2 * groups, "zeros": 2 * groups,
+            "groups": groups}

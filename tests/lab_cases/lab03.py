@@ -1,0 +1,147 @@
+"""Lab 3 (sampling): wrong implementations each check must reject, and the
+reference each must accept. Collected by tests/test_labs.py."""
+import torch
+
+from tinyinfer import labcheck, sampling
+
+INF = float("inf")
+
+
+# --- temperature
+
+
+def _temperature_multiplies(logits, t):
+    return logits * t  # sharpens when it should flatten, and the other way round
+
+
+def _temperature_returns_probs(logits, t):
+    return torch.softmax(logits / t, -1)  # a processor hands on logits, not probabilities
+
+
+def _temperature_in_place(logits, t):
+    logits /= t  # right numbers, but the caller's tensor is overwritten
+    return logits
+
+
+# --- top-k
+
+
+def _top_k_exactly_k(logits, k):
+    if k == -1 or k >= logits.numel():
+        return logits
+    keep = torch.topk(logits, k).indices  # drops tokens tied with the k-th
+    out = torch.full_like(logits, -INF)
+    out[keep] = logits[keep]
+    return out
+
+
+def _top_k_drops_kth(logits, k):
+    if k == -1 or k >= logits.numel():
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits <= kth, -INF)  # `<=` removes the k-th itself
+
+
+def _top_k_zero_not_inf(logits, k):
+    if k == -1 or k >= logits.numel():
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, 0.0)  # a score of 0 is not probability 0
+
+
+# --- top-p
+
+
+def _top_p_stays_below_p(logits, p):
+    # Keeps only tokens whose running total stays <= p: misses the one that
+    # crosses p, and with a tiny p keeps nothing at all.
+    sorted_logits, order = torch.sort(logits, descending=True)
+    drop = sorted_logits.softmax(-1).cumsum(-1) > p
+    return logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), -INF)
+
+
+def _top_p_without_softmax(logits, p):
+    # Adds up raw scores as if they were probabilities.
+    sorted_logits, order = torch.sort(logits, descending=True)
+    mass_before = sorted_logits.cumsum(-1) - sorted_logits
+    drop = mass_before >= p
+    return logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), -INF)
+
+
+def _top_p_forgets_to_unsort(logits, p):
+    # Decides in sorted order, then applies the mask to the unsorted logits.
+    sorted_logits, _ = torch.sort(logits, descending=True)
+    probs = sorted_logits.softmax(-1)
+    drop = probs.cumsum(-1) - probs >= p
+    return logits.masked_fill(drop, -INF)
+
+
+# --- repetition penalty
+
+
+def _penalty_divides_all(logits, seen, penalty):
+    out = logits.clone()
+    out[seen] = out[seen] / penalty  # a negative score divided goes *up*
+    return out
+
+
+def _penalty_once_per_occurrence(logits, seen, penalty):
+    out = logits.clone()
+    for t in seen.tolist():  # a token seen three times is penalized three times
+        out[t] = out[t] / penalty if out[t] > 0 else out[t] * penalty
+    return out
+
+
+def _penalty_in_place(logits, seen, penalty):
+    scores = logits[seen]
+    logits[seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
+    return logits
+
+
+# --- sampler
+
+
+def _sample_argmax(logits, t, generator):
+    return int(torch.argmax(logits))  # never samples
+
+
+def _sample_ignores_temperature(logits, t, generator):
+    if t == 0:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+
+
+def _sample_multiplies_temperature(logits, t, generator):
+    if t == 0:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial((logits * t).softmax(-1), 1, generator=generator))
+
+
+def _sample_global_rng(logits, t, generator):
+    if t == 0:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial((logits / t).softmax(-1), 1))  # not reproducible per request
+
+
+def _sample_uniform(logits, t, generator):
+    if t == 0:
+        return int(torch.argmax(logits))
+    allowed = torch.nonzero(logits > -INF).flatten()  # any candidate, equally likely
+    return int(allowed[torch.randint(len(allowed), (1,), generator=generator)])
+
+
+WRONG = {
+    "check_temperature": [_temperature_multiplies, _temperature_returns_probs, _temperature_in_place],
+    "check_top_k": [_top_k_exactly_k, _top_k_drops_kth, _top_k_zero_not_inf],
+    "check_top_p": [_top_p_stays_below_p, _top_p_without_softmax, _top_p_forgets_to_unsort],
+    "check_repetition_penalty": [_penalty_divides_all, _penalty_once_per_occurrence, _penalty_in_place],
+    "check_sample": [_sample_argmax, _sample_ignores_temperature, _sample_multiplies_temperature,
+                     _sample_global_rng, _sample_uniform],
+}
+REFERENCE = {
+    "check_temperature": lambda: sampling.apply_temperature,
+    "check_top_k": lambda: sampling.apply_top_k,
+    "check_top_p": lambda: sampling.apply_top_p,
+    "check_repetition_penalty": lambda: sampling.apply_repetition_penalty,
+    "check_sample": lambda: labcheck.reference_sample,
+}

@@ -1,0 +1,204 @@
+"""tinyinfer.quant: round trips, packing, byte accounting, kernels, whole models."""
+import pytest
+import torch
+
+from tinyinfer.quant import (
+    Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, formula_bytes, ideal_bytes, kernel_available,
+    model_bytes, pack_int4, quantize_int4, quantize_int8, quantize_model, set_use_kernel, unpack_int4,
+)
+
+
+def weights(out=48, inp=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, inp, generator=g) * 0.05
+    w[3] *= 40  # one row with a much larger range than the others
+    w[5, :32] += 1.0  # one group shifted far from zero: asymmetry matters there
+    return w
+
+
+def test_int8_round_trip_error_is_at_most_half_a_step_per_row():
+    w = weights()
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.shape == (w.shape[0],)
+    assert q.abs().max() <= 127
+    err = (dequantize_int8(q, scale) - w).abs().amax(dim=1)
+    assert torch.all(err <= scale / 2 * (1 + 1e-5))
+    assert torch.equal(q.abs().amax(dim=1), torch.full((w.shape[0],), 127, dtype=torch.int8))  # full range used
+
+
+def test_int8_handles_an_all_zero_row():
+    w = weights()
+    w[0] = 0
+    q, scale = quantize_int8(w)
+    assert torch.isfinite(scale).all() and torch.equal(dequantize_int8(q, scale)[0], torch.zeros(w.shape[1]))
+
+
+def test_pack_and_unpack_are_inverse():
+    codes = torch.randint(0, 16, (7, 64), dtype=torch.uint8)
+    packed = pack_int4(codes)
+    assert packed.dtype == torch.uint8 and packed.shape == (7, 32)
+    assert torch.equal(unpack_int4(packed), codes)
+    assert packed[0, 0] == codes[0, 0] | (codes[0, 1] << 4)  # low nibble first
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int4_round_trip_error_is_at_most_half_a_step_per_group(group_size):
+    w = weights()
+    packed, scales, zeros = quantize_int4(w, group_size)
+    assert packed.shape == (w.shape[0], w.shape[1] // 2) and packed.dtype == torch.uint8
+    assert scales.shape == zeros.shape == (w.shape[0], w.shape[1] // group_size)
+    codes = unpack_int4(packed)
+    assert int(codes.min()) >= 0 and int(codes.max()) <= 15
+    err = (dequantize_int4(packed, scales, zeros, group_size) - w).abs()
+    err = err.reshape(w.shape[0], -1, group_size).amax(-1)
+    assert torch.all(err <= scales.float() / 2 * (1 + 1e-3) + 1e-7)
+
+
+def test_int4_reproduces_a_4bit_grid_exactly_when_groups_align():
+    # Weights that already lie on a Q4_1-like grid (16 levels per 32 weights,
+    # fp16 scale and minimum) come back unchanged from INT4 with group size 32.
+    g = torch.Generator().manual_seed(1)
+    d = (torch.rand(8, 4, 1, generator=g) * 0.01 + 0.001).half().float()
+    m = (-torch.rand(8, 4, 1, generator=g) * 0.05).half().float()
+    q = torch.randint(0, 16, (8, 4, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15  # each block uses its whole range, as Q4_1's do
+    w = (q * d + m).reshape(8, 128)
+    out = dequantize_int4(*quantize_int4(w, 32), 32)
+    assert (out - w).abs().max() < 1e-6
+    assert (dequantize_int4(*quantize_int4(w, 128), 128) - w).abs().max() > 1e-4  # mixed blocks: not exact
+
+
+def test_a_short_last_group_gets_its_own_scale():
+    # SmolLM2's hidden size 576 is 4.5 groups of 128.
+    w = weights(inp=576)
+    packed, scales, zeros = quantize_int4(w, 128)
+    assert packed.shape == (48, 288) and scales.shape == (48, 5)
+    err = (dequantize_int4(packed, scales, zeros, 128) - w).abs()
+    assert torch.all(err[:, 512:].amax(1) <= scales[:, 4].float() / 2 * (1 + 1e-3) + 1e-7)
+    last = w[:, 512:]
+    assert torch.allclose(zeros[:, 4].float(), last.amin(1), atol=1e-3, rtol=1e-3)  # stats of the 64 real columns
+
+
+def test_odd_input_dimension_is_rejected():
+    with pytest.raises(ValueError, match="must be even"):
+        quantize_int4(torch.zeros(4, 63), 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_kernel_equals_reference_path(dtype):
+    if not kernel_available("int8", "cpu", dtype):
+        pytest.skip("torch has no int8 packed kernel here")
+    layer = Int8Linear.from_weight(weights())
+    x = torch.randn(5, 256).to(dtype)
+    fast = layer(x)
+    layer.use_kernel = False
+    ref = layer(x)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=tol, atol=tol * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group_size,inp", [(32, 256), (128, 256), (128, 576)])
+def test_int4_kernel_equals_reference_path(dtype, group_size, inp):
+    if not kernel_available("int4", "cpu", dtype):
+        pytest.skip("torch has no int4 packed kernel here")
+    layer = Int4Linear.from_weight(weights(inp=inp), group_size, use_kernel=True)
+    x = torch.randn(3, 1, inp).to(dtype)
+    fast = layer(x)
+    layer.use_kernel = False
+    ref = layer(x)
+    assert fast.shape == ref.shape == (3, 1, 48)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=tol, atol=tol * float(ref.abs().max()))
+
+
+def test_quantized_linear_is_close_to_the_original():
+    w = weights()
+    x = torch.randn(4, 256)
+    ref = x @ w.T
+    for layer, tol in [(Int8Linear.from_weight(w), 0.01), (Int4Linear.from_weight(w, 32), 0.15)]:
+        rel = (layer(x) - ref).norm() / ref.norm()
+        assert rel < tol, (type(layer).__name__, float(rel))
+
+
+# ------------------------------------------------------------------ whole model
+
+
+@pytest.fixture(scope="module")
+def fresh_llm():
+    """A model of our own to quantize (the shared `llm` fixture must stay fp32)."""
+    from tinyinfer import LLM
+
+    def make():
+        return LLM("smollm2-135m-instruct", dtype="float32", device="cpu")
+
+    return make
+
+
+def test_bad_method_and_group_size_are_rejected(llm):
+    with pytest.raises(ValueError, match=r"quantization='int3' is invalid: must be None or one of 'int8', 'int4'"):
+        quantize_model(llm.model, "int3")
+    with pytest.raises(ValueError, match=r"group_size=100 is invalid: must be one of 32, 64, 128"):
+        quantize_model(llm.model, "int4", group_size=100)
+    assert isinstance(llm.model.model.layers[0].mlp.down_proj, torch.nn.Linear)  # nothing was changed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,group_size", [("int8", 128), ("int4", 32), ("int4", 128)])
+def test_byte_accounting_equals_the_formula(fresh_llm, method, group_size):
+    llm = fresh_llm()
+    before = model_bytes(llm.model)
+    quantize_model(llm.model, method, group_size)
+    got = model_bytes(llm.model)
+    want = formula_bytes(llm.model.config, method, group_size)
+    for key in ("packed_weights", "scales", "zeros"):
+        assert got[key] == want[key], key
+    assert got["quantized_params"] == want["params"]
+    bits = 8 if method == "int8" else 4
+    assert got["packed_weights"] == ideal_bytes(want["params"], bits)
+    # What stayed unquantized: the embedding (tied LM head counted once) and the norms.
+    cfg = llm.model.config
+    assert got["unquantized"] == 4 * (cfg.vocab_size * cfg.hidden_size + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size)
+    assert got["unquantized"] + 4 * want["params"] == before["total"]
+    if method == "int4":  # <= half a byte per weight + 2 fp16 numbers per group
+        assert got["packed_weights"] + got["scales"] + got["zeros"] == want["params"] / 2 + 4 * want["groups"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,group_size", [("int8", 128), ("int4", 32)])
+def test_quantized_model_still_answers_sensibly(fresh_llm, method, group_size):
+    from tinyinfer import SamplingParams
+
+    llm = fresh_llm()
+    quantize_model(llm.model, method, group_size)
+    assert isinstance(llm.model.model.layers[7].self_attn.qkv_proj, Int8Linear if method == "int8" else Int4Linear)
+    assert isinstance(llm.model.lm_head, torch.nn.Linear)  # left alone by default
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=12, temperature=0))
+    assert "Paris" in out[0].outputs[0].text
+    set_use_kernel(llm.model, False)  # the reference path gives the same greedy answer
+    again = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                     SamplingParams(max_tokens=12, temperature=0))
+    assert again[0].outputs[0].text == out[0].outputs[0].text
+
+
+@pytest.mark.slow
+def test_lm_head_option(fresh_llm):
+    llm = fresh_llm()
+    quantize_model(llm.model, "int8", include_lm_head=True)
+    assert isinstance(llm.model.lm_head, Int8Linear)
+    assert isinstance(llm.model.model.embed_tokens, torch.nn.Embedding)  # still the fp32 table
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_model(llm.model, "int8")
+
+
+def test_llm_quantization_argument():
+    from tinyinfer import LLM, SamplingParams
+
+    with pytest.raises(ValueError, match="quantization='int3'.*'int8', 'int4'"):
+        LLM(quantization="int3")
+    with pytest.raises(ValueError, match="group_size=100.*32, 64, 128"):
+        LLM(quantization="int4", group_size=100)
+    llm = LLM(dtype="float32", device="cpu", quantization="int8")
+    out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))[0]
+    assert "Paris" in out.outputs[0].text

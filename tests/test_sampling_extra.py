@@ -1,0 +1,138 @@
+"""The inspection helpers appended to tinyinfer.sampling (the logits and the
+processed next-token distribution that chapters and labs examine), and the
+statistics behind lab 3's sampler check."""
+import math
+
+import pytest
+import torch
+
+from tinyinfer import SamplingParams
+from tinyinfer.sampling import next_token_distribution, next_token_logits, process_logits
+
+PROMPT = "The capital of France is"
+
+
+@pytest.mark.slow
+def test_logits_are_one_fp32_cpu_row_per_vocabulary_entry(llm):
+    logits = next_token_logits(llm, PROMPT)
+    assert logits.shape == (llm.model_config.vocab_size,)
+    assert logits.dtype == torch.float32 and logits.device.type == "cpu"
+    # a string and its token ids give the same scores
+    assert torch.equal(logits, next_token_logits(llm, llm.tokenizer.encode(PROMPT)))
+
+
+@pytest.mark.slow
+def test_greedy_distribution_is_the_engines_first_token(llm):
+    probs, top = next_token_distribution(llm, PROMPT, SamplingParams(temperature=0))
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1))
+    first = out[0].outputs[0].token_ids[0]
+    assert probs[first] == 1.0 and probs.sum() == 1.0
+    assert top == [(first, llm.tokenizer.decode([first]), 1.0)]
+
+
+@pytest.mark.slow
+def test_distribution_is_the_softmax_of_the_processed_logits(llm):
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9)
+    probs, top = next_token_distribution(llm, PROMPT, params, top=5)
+    expected = process_logits(next_token_logits(llm, PROMPT), params).softmax(-1)
+    torch.testing.assert_close(probs, expected)
+    assert abs(float(probs.sum()) - 1) < 1e-5
+    assert [p for _, _, p in top] == sorted((p for _, _, p in top), reverse=True)
+    assert len(top) <= 5 and all(p > 0 for _, _, p in top)
+
+
+@pytest.mark.slow
+def test_top_k_leaves_k_candidates_and_top_lists_only_candidates(llm):
+    probs, top = next_token_distribution(llm, PROMPT, SamplingParams(top_k=3), top=10)
+    assert int((probs > 0).sum()) == 3 and len(top) == 3
+
+
+@pytest.mark.slow
+def test_repetition_penalty_counts_the_prompt_as_seen(llm):
+    ids = llm.tokenizer.encode(PROMPT)
+    plain, _ = next_token_distribution(llm, PROMPT, SamplingParams())
+    penalized, _ = next_token_distribution(llm, PROMPT, SamplingParams(repetition_penalty=2.0))
+    seen_tokens = torch.tensor(sorted(set(ids)))
+    # every token of the prompt loses probability, so the ones never seen gain
+    assert bool((penalized[seen_tokens] < plain[seen_tokens]).all())
+    unseen = torch.ones_like(plain, dtype=torch.bool)
+    unseen[seen_tokens] = False
+    assert float(penalized[unseen].sum()) > float(plain[unseen].sum())
+
+
+def _chi2_sf(x: float, df: int) -> float:
+    """P(X > x) for a chi-square variable with integer df, in closed form."""
+    h = x / 2
+    if df % 2 == 0:  # a Poisson tail
+        return math.exp(-h) * sum(h**i / math.factorial(i) for i in range(df // 2))
+    # odd df: the df = 1 tail plus terms that climb by two degrees of freedom each
+    sf = math.erfc(math.sqrt(h))
+    term = math.exp(-h) * math.sqrt(h) / math.gamma(1.5)
+    for k in range(1, (df - 1) // 2 + 1):
+        sf += term
+        term *= h / (k + 0.5)
+    return sf
+
+
+def test_chi_square_critical_values_are_at_alpha():
+    from tinyinfer.labcheck.sampling import ALPHA, CHI2_CRITICAL
+
+    assert abs(_chi2_sf(3.841, 1) - 0.05) < 1e-4 and abs(_chi2_sf(7.815, 3) - 0.05) < 1e-4  # textbook values
+    for df, critical in CHI2_CRITICAL.items():
+        assert abs(_chi2_sf(critical, df) - ALPHA) < 1e-6, df
+
+
+def test_chi_square_statistic():
+    from tinyinfer.labcheck.sampling import chi_square
+
+    assert chi_square([50, 50], [0.5, 0.5]) == 0
+    assert chi_square([60, 40], [0.5, 0.5]) == pytest.approx(4.0)
+    assert chi_square([50, 50, 0], [0.5, 0.5, 0.0]) == 0  # impossible and not drawn: fine
+    assert chi_square([50, 49, 1], [0.5, 0.5, 0.0]) == math.inf  # impossible but drawn
+
+
+# --- lab 3's checks accept any correct implementation, not only the engine's
+
+
+def _top_p_vllm_style(logits, p):
+    # vLLM's way: sort ascending and drop the least likely tokens whose total stays <= 1 - p.
+    sorted_logits, order = torch.sort(logits)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop_sorted = cum <= 1 - p
+    drop_sorted[-1] = False  # the most likely token always stays
+    return logits.masked_fill(torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted), -math.inf)
+
+
+def _top_k_by_sorting(logits, k):
+    if k == -1:
+        return logits.clone()
+    kth = torch.sort(logits, descending=True).values[min(k, logits.numel()) - 1]
+    return torch.where(logits >= kth, logits, torch.full_like(logits, -math.inf))
+
+
+def _sample_inverse_cdf(logits, t, generator):
+    if t == 0:
+        return int(logits.argmax())
+    cdf = torch.softmax(logits / t, -1).cumsum(-1)
+    u = torch.rand(1, generator=generator) * cdf[-1]
+    return int(torch.searchsorted(cdf, u).clamp(max=logits.numel() - 1))
+
+
+def _sample_gumbel_max(logits, t, generator):
+    # vLLM's sampler: argmax of probs / Exponential(1) noise, a draw with the same distribution.
+    if t == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / t, -1)
+    return int((probs / torch.empty_like(probs).exponential_(generator=generator)).argmax())
+
+
+@pytest.mark.parametrize("check, fn", [
+    ("check_top_p", _top_p_vllm_style),
+    ("check_top_k", _top_k_by_sorting),
+    ("check_sample", _sample_inverse_cdf),
+    ("check_sample", _sample_gumbel_max),
+])
+def test_checks_accept_other_correct_implementations(check, fn, capsys):
+    from tinyinfer import labcheck
+
+    assert getattr(labcheck, check)(fn) is True, capsys.readouterr().out
