@@ -22,6 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
+from tinyinfer.hardware import measure_bandwidth  # noqa: E402
 from tinyinfer.weights import ensure_packaged_model  # noqa: E402
 
 PROMPT = ("The history of the lighthouse begins with fires lit on hills near harbours, "
@@ -31,19 +32,6 @@ PROMPT = ("The history of the lighthouse begins with fires lit on hills near har
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def measure_bandwidth(device, nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second for reading a large tensor (a sum reads every byte once)."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        x.sum()
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
 
 
 def time_tinyinfer(llm, ids, n):
