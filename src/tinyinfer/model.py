@@ -86,10 +86,9 @@ class Attention(nn.Module):
         v = qkv[..., self.q_size + self.kv_size :].view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         # Store this step's keys and values, then attend over everything cached so
         # far. Old positions are never recomputed: that is the whole point of the cache.
-        keys, values = cache.update(self.layer_idx, k, v, meta)  # [B, Hkv, S, D]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, is_causal=meta.is_causal,
-                                             enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        # The cache does both (kv_cache.KVCache or paged_kv_cache.PagedKVCache).
+        out = cache.attend(self.layer_idx, q, k, v, meta)  # [B, T, H*D]
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):

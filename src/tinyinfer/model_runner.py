@@ -1,9 +1,15 @@
-"""ModelRunner: turns a batch of sequences into tensors, runs the model, and
-returns logits. It owns the device, the dtype and the KV cache of a batch.
+"""ModelRunner: turns scheduled sequences into tensors, runs the model, and
+returns logits. It owns the device, the dtype and the KV caches.
 
-A batch is right-padded: sequence b's prompt sits at positions 0..len_b-1 and
-each later token at the next position. Padding slots are never attended to,
-because a query only sees keys at positions <= its own (see model.causal_mask).
+Two ways to run a batch:
+- execute(): continuous batching on the paged cache. The scheduler says how many
+  new tokens each sequence gets this step; they are packed into one flat row
+  (see paged_kv_cache.py), so nobody pays for anybody else's padding.
+- prefill() / decode(): static batching on a contiguous cache, kept as the
+  baseline that chapter 7 measures against. The batch is right-padded: sequence
+  b's prompt sits at positions 0..len_b-1 and each later token at the next
+  position. Padding slots are never attended to, because a query only sees keys
+  at positions <= its own (see model.causal_mask).
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import torch
 
 from .kv_cache import KVCache
 from .model import AttentionMetadata, causal_mask
+from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
 from .sequence import Sequence
 
 
@@ -21,7 +28,40 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.pad_token_id = pad_token_id
-        self.cache: KVCache | None = None
+        self.cache: KVCache | None = None  # static batching's contiguous cache
+        self.paged_cache: PagedKVCache | None = None  # continuous batching's block pool
+
+    def allocate_paged_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        self.paged_cache = PagedKVCache(self.config, num_blocks, block_size, self.dtype, self.device)
+        return self.paged_cache
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Sequence, int]], block_tables: list[list[int]],
+                prompt_hidden_for: set[str] = frozenset()):
+        """Run one continuous-batching step.
+
+        scheduled[b] = (sequence, n): its next n uncomputed tokens. Returns the
+        logits [M, V] of the M sequences that reach their last known token this
+        step (they sample a new one), those sequences, and {request_id: hidden
+        states [n, C]} for the ids in prompt_hidden_for (prompt logprobs)."""
+        ids, query_lens, context_lens = [], [], []
+        for seq, n in scheduled:
+            start = seq.num_computed_tokens
+            ids += seq.token_ids[start : start + n]
+            query_lens.append(n)
+            context_lens.append(start + n)
+        meta = PagedAttentionMetadata.build(query_lens, context_lens, block_tables,
+                                            self.paged_cache.block_size, self.device)
+        input_ids = torch.tensor(ids, device=self.device)[None]
+        hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
+        ends = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's last new token
+        sampling = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
+        logits = self.model.compute_logits(hidden[ends[sampling].to(self.device)])
+        extra = {}
+        for b, (seq, n) in enumerate(scheduled):
+            if seq.request_id in prompt_hidden_for:
+                extra[seq.request_id] = hidden[int(ends[b]) - n + 1 : int(ends[b]) + 1]
+        return logits, [scheduled[b][0] for b in sampling], extra
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], all_positions: bool = False):

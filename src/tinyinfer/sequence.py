@@ -9,6 +9,12 @@ from .outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from .sampling import SamplingParams
 
 
+class SequenceStatus:
+    WAITING = "waiting"  # queued, holds no KV blocks
+    RUNNING = "running"  # scheduled each step, holds KV blocks
+    FINISHED = "finished"
+
+
 @dataclass
 class Sequence:
     request_id: str
@@ -26,6 +32,14 @@ class Sequence:
     cumulative_logprob: float = 0.0
     arrival_time: float = 0.0  # time.perf_counter() when the request was accepted
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled
+    status: str = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of those, found in the prefix cache instead of computed
+    pending_prompt_logprobs: list = field(default_factory=list)  # filled chunk by chunk
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def token_ids(self) -> list[int]:
@@ -76,10 +90,12 @@ class Sequence:
                     break
         return text
 
-    def to_output(self) -> RequestOutput:
+    def to_output(self, streaming: bool = False) -> RequestOutput:
+        """The request's state as vLLM reports it. With streaming=True, an unfinished
+        request's text is stable_text(): safe to show, never to be taken back."""
         completion = CompletionOutput(
             index=0,
-            text=self.output_text,
+            text=self.stable_text() if streaming else self.output_text,
             token_ids=list(self.output_token_ids),
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=self.logprobs,

@@ -1,0 +1,220 @@
+"""BlockManager: the KV cache cut into fixed-size blocks, handed out on demand.
+
+A contiguous cache reserves max_len slots for every sequence up front; most of
+that space never holds a token. Paging (vLLM's PagedAttention) reserves memory
+one block of `block_size` tokens at a time instead, so a sequence wastes at most
+one partly filled block. Each sequence has a *block table*: the list of block ids
+that hold its positions 0..bs-1, bs..2bs-1, and so on. Blocks need not be
+adjacent; attention looks positions up through the table.
+
+Blocks are shared, with reference counts:
+- **Prefix caching.** Once a block is full and its keys/values are computed, we
+  file it under a hash of its tokens chained with its parent block's hash (so
+  the hash stands for the whole prefix, not just these 16 tokens). A new prompt
+  that starts with the same tokens finds those blocks and skips their prefill.
+  A hash can collide, so a hit is confirmed by comparing the token ids.
+- **Freed blocks stay cached.** A block whose last user leaves goes to the end of
+  the free list with its hash kept; if the same prefix comes back before the
+  block is reused, it is revived for free. New allocations take the block at
+  the front, the least recently freed: LRU eviction.
+- **fork** lets two sequences share every block (parallel sampling, beam
+  search); the first write into a shared, partly filled block copies it
+  (copy-on-write).
+
+The manager only does bookkeeping on ids; the tensors live in PagedKVCache.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set once the block is full and computed
+    token_ids: tuple[int, ...] = ()  # the tokens it holds, to confirm a hash hit
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Raised when an allocation is attempted without checking can_allocate first."""
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if not (isinstance(num_blocks, int) and num_blocks >= 1):
+            raise ValueError(f"num_blocks={num_blocks!r} is invalid: must be an integer >= 1")
+        if not (isinstance(block_size, int) and block_size >= 1):
+            raise ValueError(f"block_size={block_size!r} is invalid: must be an integer >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # ref_count == 0 blocks, oldest-freed first (an OrderedDict used as an LRU list).
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached_blocks: dict[int, int] = {}  # prefix hash -> block id
+        self.block_tables: dict[str, list[int]] = {}
+        self.num_computed_blocks: dict[str, int] = {}  # full blocks already filed under a hash
+        self.num_slots: dict[str, int] = {}  # tokens each table was last sized for
+        self.prefix_cache_hit_tokens = 0  # cumulative, for stats
+
+    # --- queries ------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_ids)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)  # ceil division
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return self.block_tables[seq_id]
+
+    # --- prefix caching -------------------------------------------------------
+
+    @staticmethod
+    def hash_block(parent_hash: int | None, token_ids) -> int:
+        """A block's key: its tokens *and* everything before them (via the parent's hash)."""
+        return hash((parent_hash, tuple(token_ids)))
+
+    def match_prefix(self, token_ids: list[int]) -> list[int]:
+        """Ids of cached blocks holding a prefix of token_ids, in order.
+
+        Only blocks inside token_ids[:-1] count: the last prompt token must be
+        computed anyway, because its output is the next token's distribution."""
+        if not self.enable_prefix_caching:
+            return []
+        hits, parent = [], None
+        bs = self.block_size
+        for i in range((len(token_ids) - 1) // bs):
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = self.hash_block(parent, chunk)
+            block_id = self.cached_blocks.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:  # a miss, or a collision
+                break
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    # --- allocation -------------------------------------------------------------
+
+    def can_allocate(self, seq_id: str, token_ids: list[int], num_tokens: int) -> bool:
+        """Could this sequence hold num_tokens tokens now (its first allocation,
+        or growth of an existing table)?"""
+        if seq_id in self.block_tables:
+            return self.blocks_for(num_tokens) - len(self.block_tables[seq_id]) <= self.num_free_blocks
+        hits = self.match_prefix(token_ids)
+        # A hit block nobody uses sits in the free list; reviving it uses up one free block.
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return self.blocks_for(num_tokens) - len(hits) + revived <= self.num_free_blocks
+
+    def allocate(self, seq_id: str, token_ids: list[int], num_tokens: int) -> int:
+        """Give a new sequence blocks for its first num_tokens tokens; return how
+        many leading tokens were found in the prefix cache (already computed)."""
+        if seq_id in self.block_tables:
+            raise ValueError(f"sequence {seq_id!r} already has blocks")
+        if not self.can_allocate(seq_id, token_ids, num_tokens):
+            raise NoFreeBlocksError(f"not enough free KV blocks for {num_tokens} tokens")
+        hits = self.match_prefix(token_ids)
+        for block_id in hits:
+            self._take(block_id)
+        cached = len(hits) * self.block_size
+        self.block_tables[seq_id] = list(hits)
+        self.num_computed_blocks[seq_id] = len(hits)
+        self.num_slots[seq_id] = cached
+        self.append_slots(seq_id, max(num_tokens, cached))
+        self.prefix_cache_hit_tokens += cached
+        return cached
+
+    def append_slots(self, seq_id: str, num_tokens: int) -> list[tuple[int, int]]:
+        """Grow a sequence's table to hold num_tokens tokens. Returns (src, dst)
+        block copies the cache must make: copy-on-write for a shared last block."""
+        table = self.block_tables[seq_id]
+        old = self.num_slots.get(seq_id, 0)
+        if num_tokens <= old:
+            return []
+        # The next write lands in the last block if it is partly filled. If another
+        # sequence shares that block (fork), writing would change its past: copy first.
+        cow = bool(table) and old % self.block_size != 0 and self.blocks[table[-1]].ref_count > 1
+        need = self.blocks_for(num_tokens) - len(table) + cow
+        if need > self.num_free_blocks:
+            raise NoFreeBlocksError(f"sequence {seq_id!r} needs {need} more KV blocks; {self.num_free_blocks} are free")
+        copies = []
+        if cow:
+            new = self._pop_free()
+            self._release(table[-1])
+            copies.append((table[-1], new))
+            table[-1] = new
+        while len(table) < self.blocks_for(num_tokens):
+            table.append(self._pop_free())
+        self.num_slots[seq_id] = num_tokens
+        return copies
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """The child shares every block of the parent (no copy until one writes)."""
+        if child_id in self.block_tables:
+            raise ValueError(f"sequence {child_id!r} already has blocks")
+        table = self.block_tables[parent_id]
+        for block_id in table:
+            self.blocks[block_id].ref_count += 1
+        self.block_tables[child_id] = list(table)
+        self.num_computed_blocks[child_id] = self.num_computed_blocks[parent_id]
+        self.num_slots[child_id] = self.num_slots[parent_id]
+
+    def free(self, seq_id: str) -> None:
+        """Release a finished, aborted or preempted sequence's blocks. Tail blocks
+        are freed first, so a prefix's head stays cached longest."""
+        table = self.block_tables.pop(seq_id, None)
+        self.num_computed_blocks.pop(seq_id, None)
+        self.num_slots.pop(seq_id, None)
+        for block_id in reversed(table or []):
+            self._release(block_id)
+
+    def mark_computed(self, seq_id: str, token_ids: list[int], num_computed_tokens: int) -> None:
+        """File every block that is now full and computed under its prefix hash,
+        so later prompts can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables[seq_id]
+        done = self.num_computed_blocks[seq_id]
+        bs = self.block_size
+        parent = self.blocks[table[done - 1]].hash if done else None
+        for i in range(done, min(num_computed_tokens // bs, len(table))):
+            block = self.blocks[table[i]]
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = self.hash_block(parent, chunk)
+            if block.hash is None:
+                block.hash, block.token_ids = h, chunk
+                self.cached_blocks.setdefault(h, block.block_id)
+            parent = block.hash
+            self.num_computed_blocks[seq_id] = i + 1
+
+    # --- internals --------------------------------------------------------------
+
+    def _pop_free(self) -> int:
+        block_id, _ = self.free_block_ids.popitem(last=False)  # least recently freed
+        block = self.blocks[block_id]
+        if block.hash is not None:  # evict it from the prefix cache
+            if self.cached_blocks.get(block.hash) == block_id:
+                del self.cached_blocks[block.hash]
+            block.hash, block.token_ids = None, ()
+        block.ref_count = 1
+        return block_id
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_block_ids[block_id]
+        block.ref_count += 1
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            self.free_block_ids[block_id] = None  # to the back: freed most recently
