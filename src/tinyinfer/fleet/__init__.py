@@ -1,0 +1,29 @@
+"""tinyinfer.fleet: what happens between many users and many replicas.
+
+One engine answers one question (how fast is a step?); a fleet answers the
+next ones: how long do requests wait, where do they go, what happens when a
+machine dies, and does splitting prefill from decode help? This package is a
+discrete-event simulator of N replicas behind a load balancer, whose step
+times come from a cost model fitted to the real engine (`calibrate`).
+
+    from tinyinfer.fleet import make_workload, simulate
+    wl = make_workload(500, rate=2.0, prompt_len=(32, 512), output_len=(16, 256), seed=0)
+    print(simulate(wl, replicas=4, policy="least_outstanding"))
+"""
+from .calibrate import calibrate
+from .cost import StepCostModel
+from .disagg import KVLink, compare_disaggregation, simulate_disaggregated
+from .replica import ReplicaConfig
+from .report import FleetReport, ReplicaStats, RequestResult
+from .router import POLICIES, make_policy
+from .simulator import Autoscale, Failure, simulate
+from .workload import SimRequest, make_workload, workload_from
+
+__all__ = [
+    "SimRequest", "make_workload", "workload_from",
+    "StepCostModel", "calibrate",
+    "ReplicaConfig", "POLICIES", "make_policy",
+    "Failure", "Autoscale", "simulate",
+    "KVLink", "simulate_disaggregated", "compare_disaggregation",
+    "FleetReport", "ReplicaStats", "RequestResult",
+]

@@ -1,0 +1,83 @@
+"""Fit a StepCostModel to the real engine, so the simulator's clock is this machine's.
+
+Two short experiments on the actual model:
+  prefill  one prompt of T tokens, for a few T: time = a + prefill_s_per_token * T
+  decode   one new token for each of B sequences, for a few B:
+           time = decode_base_s + decode_s_per_seq * B
+Each is a straight-line fit (least squares). We keep the prefill slope and the
+decode line: the decode intercept is the cost of reading every weight once,
+which every step pays whatever it carries.
+
+We call the model's forward pass directly (with a contiguous KVCache), not
+LLM.generate: sampling, detokenising and Python bookkeeping are not what the
+step-time model is about, and a direct call keeps the whole fit to seconds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..hardware import best_time
+from ..kv_cache import KVCache
+from ..model import AttentionMetadata
+from .cost import StepCostModel
+
+
+def _find_model(obj):
+    """The LlamaForCausalLM inside an LLM, an LLMEngine, a ModelRunner or the model itself."""
+    for path in ((), ("model",), ("runner", "model"), ("model_runner", "model"),
+                 ("llm_engine", "model_runner", "model"), ("llm_engine", "runner", "model")):
+        m = obj
+        try:
+            for name in path:
+                m = getattr(m, name)
+        except AttributeError:
+            continue
+        if isinstance(m, torch.nn.Module) and hasattr(m, "compute_logits"):
+            return m
+    raise ValueError(f"calibrate: could not find a tinyinfer model in {type(obj).__name__}; "
+                     "pass an LLM, an LLMEngine, a ModelRunner or the model")
+
+
+def _fit_line(xs, ys) -> tuple[float, float]:
+    """Least-squares intercept and slope; a negative slope (noise) is clipped to 0."""
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
+              context: int = 64, repeats: int = 2, return_measurements: bool = False):
+    """Measure prefill cost per token and decode step time vs batch size on the
+    real model; return a fitted StepCostModel (and the raw points if asked)."""
+    model = _find_model(llm_or_engine)
+    param = next(model.parameters())
+    device, dtype, config = param.device, param.dtype, model.config
+    vocab = config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+
+    def prefill_time(T: int) -> float:
+        cache = KVCache(config, 1, T, dtype, device)
+        ids = torch.randint(0, vocab, (1, T), generator=gen).to(device)
+        pos = torch.arange(T, device=device)[None]
+        meta = AttentionMetadata.uniform(pos, 0)
+        with torch.inference_mode():
+            return best_time(lambda: model.compute_logits(model(ids, pos, cache, meta)[:, -1]), device, repeats)
+
+    def decode_time(B: int) -> float:
+        # Every sequence sits at the same position `context`, as after equal prompts;
+        # the cache holds garbage there, which costs exactly what real keys cost.
+        cache = KVCache(config, B, context + 1, dtype, device)
+        ids = torch.randint(0, vocab, (B, 1), generator=gen).to(device)
+        pos = torch.full((B, 1), context, device=device)
+        meta = AttentionMetadata.uniform(pos, context)
+        with torch.inference_mode():
+            return best_time(lambda: model.compute_logits(model(ids, pos, cache, meta)[:, -1]), device, repeats)
+
+    prefill = [(T, prefill_time(T)) for T in prompt_lens]
+    decode = [(B, decode_time(B)) for B in batch_sizes]
+    _, per_token = _fit_line(*zip(*prefill))
+    base, per_seq = _fit_line(*zip(*decode))
+    cost = StepCostModel(prefill_s_per_token=per_token, decode_base_s=base, decode_s_per_seq=per_seq)
+    if return_measurements:
+        return cost, {"prefill": prefill, "decode": decode}
+    return cost

@@ -1,0 +1,185 @@
+"""The OpenAI wire format: request models (validated by pydantic) and the
+JSON shapes of responses and streamed chunks.
+
+Field names follow OpenAI's API; top_k, repetition_penalty, ignore_eos and
+stop_token_ids are vLLM's extensions to it. A response is built from the
+engine's RequestOutput, so this file is where "what the engine produced" turns
+into "what the client reads".
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..sampling import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields that both endpoints share. Unknown fields are ignored, as OpenAI-style servers do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) for a valid-looking request this engine cannot honour."""
+        if self.n != 1:
+            return "n", f"n={self.n} is not supported: this server returns exactly one choice (n=1)"
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                return name, f"{name} is not supported (use repetition_penalty); it must be 0"
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true"
+        return None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """Map to SamplingParams; absent fields take OpenAI's defaults (temperature 1).
+        SamplingParams raises ValueError naming any field out of range."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            seed=self.seed,
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for /v1/completions
+    logprobs: int | None = None  # top-N alternatives per token
+    echo: bool = False
+
+    def engine_prompt(self):
+        """The one prompt, in the engine's form: a string or {"prompt_token_ids": [...]}."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise ValueError(f"prompt: got a list of {len(p)} prompts; this server takes one prompt per request")
+            p = p[0]
+        return p if isinstance(p, str) else {"prompt_token_ids": list(p)}
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def as_dict(self) -> dict:
+        content = self.content
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...] -> one string
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None  # the older name
+    max_completion_tokens: int | None = None  # the newer name; wins when both are set
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+# --- responses ------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(out) -> dict:
+    prompt, completion = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_logprobs(positions, token_ids, top_n: int, offset: int = 0) -> dict:
+    """The legacy completions shape: parallel lists, one entry per token."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for pos, token in zip(positions, token_ids):
+        chosen = pos[token]
+        tokens.append(chosen.decoded_token or "")
+        lps.append(chosen.logprob)
+        tops.append({lp.decoded_token or "": lp.logprob for lp in _top(pos, top_n)})
+        offsets.append(offset)
+        offset += len(chosen.decoded_token or "")
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(positions, token_ids, top_n: int) -> dict:
+    """The chat shape: one object per token, with its top alternatives."""
+    return {"content": [{**_token_entry(pos[token]), "top_logprobs": [_token_entry(lp) for lp in _top(pos, top_n)]}
+                        for pos, token in zip(positions, token_ids)]}
+
+
+def _top(pos, n: int) -> list:
+    """The engine stores the top n plus the chosen token (when it ranks lower)."""
+    return sorted(pos.values(), key=lambda lp: lp.rank)[:n]
+
+
+def _token_entry(lp) -> dict:
+    text = lp.decoded_token or ""
+    return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode())}
+
+
+def completion_response(rid: str, model: str, created: int, out, top_n: int | None) -> dict:
+    c = out.outputs[0]
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason,
+                     "logprobs": None if top_n is None else completion_logprobs(c.logprobs, c.token_ids, top_n)}],
+        "usage": usage(out),
+    }
+
+
+def chat_response(rid: str, model: str, created: int, out, top_n: int | None) -> dict:
+    c = out.outputs[0]
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                     "finish_reason": c.finish_reason,
+                     "logprobs": None if top_n is None else chat_logprobs(c.logprobs, c.token_ids, top_n)}],
+        "usage": usage(out),
+    }
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def now() -> int:
+    return int(time.time())

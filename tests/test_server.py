@@ -1,0 +1,383 @@
+"""The OpenAI-compatible server, tested end to end: a real uvicorn server on a
+free local port, driven by the official `openai` client (unchanged) and by raw
+httpx for the malformed requests an OpenAI client would refuse to send.
+
+References come from LLM.generate / LLM.chat on the same weights: with greedy
+decoding the server must return exactly the same text and token counts."""
+import concurrent.futures as cf
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from tinyinfer import SamplingParams  # noqa: E402
+from tinyinfer.server import add_arguments, build_app  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+KEY = "test-key"
+PROMPT = "The capital of France is"
+
+
+def make_engine(**kw):
+    from tinyinfer import LLMEngine
+
+    return LLMEngine(model=MODEL, dtype="float32", device="cpu", **kw)
+
+
+class Server:
+    """uvicorn in a background thread, on a socket we bound ourselves (port 0: the OS picks a free one)."""
+
+    def __init__(self, app):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("the server did not come up")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def ref(llm):
+    """The reference: the offline API on the same model."""
+    return llm  # the session-wide LLM from conftest: fp32, CPU, the default model
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return make_engine(max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with Server(build_app(engine, api_key=KEY, max_waiting=64, model_name=MODEL)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def greedy(n=8, **kw):
+    return SamplingParams(max_tokens=n, temperature=0, **kw)
+
+
+def post(server, path, body, key=KEY, **kw):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if isinstance(body, (dict, list)):
+        return httpx.post(server.url + path, json=body, headers=headers, timeout=60, **kw)
+    return httpx.post(server.url + path, content=body, headers={**headers, "Content-Type": "application/json"},
+                      timeout=60, **kw)
+
+
+def wait_idle(engine, timeout=20):
+    """Until the engine holds no request and no KV block (the engine thread owns it; we only read).
+    engine.stats is refreshed by step(), not by abort_request, so ask the block manager."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not engine.has_unfinished_requests() and engine.block_manager.num_used_blocks == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# --- completions ------------------------------------------------------------------
+
+
+def test_completion_greedy_equals_generate_with_usage(client, ref):
+    want = ref.generate(PROMPT, greedy(8))[0]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert got.object == "text_completion" and got.model == MODEL
+    assert got.choices[0].text == want.outputs[0].text
+    assert got.choices[0].finish_reason == want.outputs[0].finish_reason
+    assert got.usage.prompt_tokens == len(ref.tokenizer.encode(PROMPT))
+    assert got.usage.completion_tokens == len(want.outputs[0].token_ids)
+    assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+
+
+def test_completion_stream_with_usage(client, ref):
+    want = ref.generate(PROMPT, greedy(10))[0].outputs[0]
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 1  # streamed piece by piece, not in one lump
+    assert "".join(texts) == want.text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == want.finish_reason and all(f is None for f in finals[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == len(want.token_ids)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completion_token_ids_prompt_stop_and_seed(client, ref):
+    ids = ref.tokenizer.encode(PROMPT)
+    want = ref.generate({"prompt_token_ids": ids}, greedy(8, stop=[" and"]))[0].outputs[0]
+    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, stop=[" and"])
+    assert got.choices[0].text == want.text and got.usage.prompt_tokens == len(ids)
+    # a seeded sample is reproducible through the server, and equals the offline one
+    p = SamplingParams(max_tokens=6, temperature=1.0, top_k=50, seed=7)
+    sampled = ref.generate(PROMPT, p)[0].outputs[0].text
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=7,
+                                    extra_body={"top_k": 50})
+    assert got.choices[0].text == sampled
+
+
+def test_completion_logprobs_match_engine(client, ref):
+    want = ref.generate(PROMPT, greedy(4, logprobs=2))[0].outputs[0]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    lp = got.choices[0].logprobs
+    chosen = [pos[t].logprob for pos, t in zip(want.logprobs, want.token_ids)]
+    assert lp.token_logprobs == pytest.approx(chosen, abs=1e-4)
+    assert "".join(lp.tokens) == got.choices[0].text
+    assert all(len(top) == 2 for top in lp.top_logprobs)
+
+
+# --- chat --------------------------------------------------------------------------
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_greedy_equals_llm_chat(client, ref):
+    want = ref.chat(MESSAGES, greedy(12))[0]
+    got = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=12, temperature=0)
+    assert got.object == "chat.completion"
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == want.outputs[0].text
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert got.usage.completion_tokens == len(want.outputs[0].token_ids)
+
+
+def test_chat_without_max_tokens_runs_to_the_end_of_the_reply(client, ref):
+    want = ref.chat(MESSAGES, SamplingParams(max_tokens=64, temperature=0))[0].outputs[0]
+    assert want.finish_reason == "stop"  # the model ends its short reply by itself
+    got = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0)
+    assert got.choices[0].message.content == want.text and got.choices[0].finish_reason == "stop"
+
+
+def test_chat_stream(client, ref):
+    want = ref.chat(MESSAGES, greedy(12))[0].outputs[0]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text
+    assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == want.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(want.token_ids)
+
+
+def test_chat_logprobs(client):
+    got = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    content = got.choices[0].logprobs.content
+    assert len(content) == got.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+
+
+# --- the other routes ---------------------------------------------------------
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_metrics(client, server, engine):
+    before = _metrics(server)
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    after = _metrics(server)
+    assert after["tinyinfer:generation_tokens_total"] - before["tinyinfer:generation_tokens_total"] == 5
+    assert after["tinyinfer:kv_cache_blocks_total"] == engine.stats.kv_blocks_total > 0
+    assert after["tinyinfer:generation_tokens_per_second"] > 0
+    # Once idle, nothing is reported as running or holding KV blocks.
+    deadline = time.monotonic() + 10
+    while _metrics(server)["tinyinfer:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    idle = _metrics(server)
+    assert idle["tinyinfer:num_requests_running"] == idle["tinyinfer:num_requests_waiting"] == 0
+    assert idle["tinyinfer:kv_cache_blocks_used"] == 0
+
+
+def _metrics(server) -> dict:
+    r = httpx.get(server.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    lines = [ln for ln in r.text.splitlines() if ln and not ln.startswith("#")]
+    return {name: float(value) for name, value in (ln.split() for ln in lines)}
+
+
+# --- bad input ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    ({"model": MODEL}, 400, "prompt"),  # no prompt
+    ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ({"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
+    ({"prompt": "hi", "n": 2}, 400, "n"),
+    ({"prompt": ["one", "two"]}, 400, "prompt"),
+    ({"prompt": "hi " * 9000, "max_tokens": 4}, 400, "prompt"),  # over the context window
+    ({"prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
+])
+def test_bad_completion_requests(server, body, status, param):
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"content": "no role"}]}, "messages"),
+    ({"messages": MESSAGES, "max_completion_tokens": -3}, "max_tokens"),
+])
+def test_bad_chat_requests(server, body, param):
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_api_key_required(server, client):
+    for key in (None, "wrong"):
+        r = post(server, "/v1/completions", {"prompt": "hi"}, key=key)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+# --- concurrency, back-pressure, faults -----------------------------------------
+
+
+def test_concurrent_requests_all_complete(client, ref):
+    prompts = [f"Fact number {i}: the sun" for i in range(8)]
+    want = [o.outputs[0].text for o in ref.generate(prompts, greedy(5))]
+
+    def one(i):
+        if i % 2:
+            reply = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=5, temperature=0)
+            return reply.choices[0].text
+        stream = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=5, temperature=0, stream=True)
+        return "".join(c.choices[0].text for c in stream)
+
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(one, range(len(prompts))))
+    assert got == want
+
+
+def test_client_disconnect_aborts_request(server, engine):
+    before = _metrics(server)["tinyinfer:generation_tokens_total"]
+    body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        assert r.status_code == 200
+        got = []
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                got.append(json.loads(line[6:]))
+            if len(got) == 2:
+                break  # leaving the block closes the connection mid-stream
+    assert all(c["choices"][0]["finish_reason"] is None for c in got)
+    assert wait_idle(engine), "the abandoned request still holds the engine or its KV blocks"
+    generated = _metrics(server)["tinyinfer:generation_tokens_total"] - before
+    assert 0 < generated < 400  # it stopped early: aborted, not run to max_tokens
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A second server: one sequence at a time and room for one waiting request."""
+    engine = make_engine(max_num_seqs=1)
+    with Server(build_app(engine, max_waiting=1, model_name=MODEL)) as s:
+        s.engine = engine
+        yield s
+
+
+def test_full_queue_answers_429_and_accepted_requests_complete(small):
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with cf.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda _: post(small, "/v1/completions", body, key=None), range(8)))
+    codes = sorted(r.status_code for r in replies)
+    assert 429 in codes and 200 in codes and set(codes) == {200, 429}
+    for r in replies:
+        if r.status_code == 429:
+            assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
+        else:
+            assert r.json()["usage"]["completion_tokens"] == 6
+    assert wait_idle(small.engine)
+
+
+def test_engine_step_failure_gives_500_and_server_keeps_serving(small, monkeypatch):
+    engine = small.engine
+    real_step = engine.step
+
+    def broken_step():
+        monkeypatch.setattr(engine, "step", real_step)  # fail once, then heal
+        raise RuntimeError("simulated fault inside step")
+
+    monkeypatch.setattr(engine, "step", broken_step)
+    r = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}, key=None)
+    assert r.status_code == 500 and "simulated fault" in r.json()["error"]["message"]
+    assert wait_idle(engine)
+    ok = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}, key=None)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(small.url + "/health").status_code == 200
+
+
+def test_engine_step_failure_mid_stream_reports_error_event(small, monkeypatch):
+    engine = small.engine
+    real_step, calls = engine.step, []
+
+    def flaky_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("simulated fault mid-stream")
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", flaky_step)
+    client = openai.OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    with pytest.raises(openai.APIError, match="simulated fault"):
+        for _ in stream:
+            pass
+    assert wait_idle(engine)
+
+
+def test_cli_arguments_default_to_localhost():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--port", "9000", "--api-key", "k", "--max-waiting", "3", "--max-num-seqs", "4"])
+    assert (args.host, args.port, args.api_key, args.max_waiting, args.max_num_seqs) == ("127.0.0.1", 9000, "k", 3, 4)
+    assert args.max_num_batched_tokens == 512 and args.max_model_len is None
+    with pytest.raises(ValueError, match="max_waiting"):
+        build_app(object(), max_waiting=0)
