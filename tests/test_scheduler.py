@@ -48,20 +48,31 @@ def assert_no_blocks_held(engine):
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 
-def test_many_concurrent_requests_under_preemption_match_running_alone(text_ids):
+@pytest.fixture(scope="module")
+def workload_alone(text_ids):
+    """16 requests, each run on its own: the reference for every batched run."""
     work = make_workload(text_ids, 16)
+    engine = LLMEngine(**dict(ENGINE_ARGS, enable_prefix_caching=False))
+    return work, [run_all(engine, [w])[0] for w in work]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_many_concurrent_requests_under_preemption_match_running_alone(workload_alone, mode):
+    work, alone = workload_alone
     # 12 blocks of 8 tokens = 96 slots for 16 requests of up to 80 tokens each:
-    # sequences must be preempted and recomputed. A small token budget forces
-    # prompts to be chunked too.
-    args = dict(ENGINE_ARGS, num_kv_blocks=12, block_size=8, max_num_seqs=16, max_num_batched_tokens=32)
+    # sequences must be preempted. A small token budget forces prompts to be
+    # chunked too.
+    args = dict(ENGINE_ARGS, num_kv_blocks=12, block_size=8, max_num_seqs=16, max_num_batched_tokens=32,
+                preemption_mode=mode)
     busy = LLMEngine(**args)
     together = run_all(busy, work)
     assert busy.scheduler.num_preemptions > 0, "the block budget was meant to force preemption"
+    if mode == "swap":
+        assert busy.stats.num_swapped_out == busy.stats.num_swapped_in > 0
+        assert not busy.swapped  # every swapped cache came back
     assert_no_blocks_held(busy)
-    alone_engine = LLMEngine(**dict(ENGINE_ARGS, enable_prefix_caching=False))
-    for (prompt, params), got in zip(work, together):
-        (alone,) = run_all(alone_engine, [(prompt, params)])
-        assert got == alone
+    for (prompt, params), got, ref in zip(work, together, alone):
+        assert got == ref
         assert len(got) <= params.max_tokens
 
 
@@ -125,6 +136,7 @@ def test_step_outputs_are_incremental_and_stats_are_reported(text_ids):
     (dict(block_size=0), "block_size"),
     (dict(num_kv_blocks=-1), "num_kv_blocks"),
     (dict(scheduling="fastest"), "scheduling"),
+    (dict(preemption_mode="drop"), "preemption_mode"),
 ])
 def test_bad_engine_arguments_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -66,7 +66,7 @@ class LLMEngine:
                  max_model_len: int | None = None, max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  block_size: int = 16, kv_cache_memory_bytes: int | None = None, num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
-                 scheduling: str = "continuous", seed: int | None = None,
+                 preemption_mode: str = "recompute", scheduling: str = "continuous", seed: int | None = None,
                  quantization: str | None = None, group_size: int = 128):
         # Check the cheap arguments before loading anything.
         self.device = resolve_device(device)
@@ -82,6 +82,8 @@ class LLMEngine:
             _check_int("kv_cache_memory_bytes", kv_cache_memory_bytes, 1)
         if num_kv_blocks is not None:
             _check_int("num_kv_blocks", num_kv_blocks, 1)
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode={preemption_mode!r} is invalid: must be 'recompute' or 'swap'")
         if scheduling not in ("continuous", "static"):
             raise ValueError(f"scheduling={scheduling!r} is invalid: must be 'continuous' or 'static'")
         folder = resolve_model(model)
@@ -111,8 +113,9 @@ class LLMEngine:
             budget = kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES[self.device.type]
             num_kv_blocks = max(1, budget // (self.kv_bytes_per_token * block_size))
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill),
-                                   self.block_manager)
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
+                                                   preemption_mode), self.block_manager)
+        self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # request id -> K, V in host memory
         if scheduling == "continuous":
             self.runner.allocate_paged_cache(num_kv_blocks, block_size)
         self.requests: dict[str, Sequence] = {}
@@ -153,6 +156,7 @@ class LLMEngine:
                     self._static_waiting.remove(seq)
             else:
                 self.scheduler.finish(seq)
+                self.swapped.pop(rid, None)
         self._refresh_pool_stats()
 
     def has_unfinished_requests(self) -> bool:
@@ -220,7 +224,12 @@ class LLMEngine:
         self._update_stats(out)
         if out.is_empty:
             return []
-        self.runner.paged_cache.copy_blocks(out.copies)
+        cache = self.runner.paged_cache
+        for seq, table, n in out.swap_out:  # before anything overwrites those blocks
+            self.swapped[seq.request_id] = cache.swap_out(table, n)
+        for seq, table, n in out.swap_in:
+            cache.swap_in(table, self.swapped.pop(seq.request_id))
+        cache.copy_blocks(out.copies)
         want_plp = {s.request_id for s, _ in out.scheduled
                     if s.params.prompt_logprobs is not None and s.prompt_logprobs is None}
         tables = [self.block_manager.block_table(s.request_id) for s, _ in out.scheduled]
@@ -314,6 +323,7 @@ class LLMEngine:
         st.kv_bytes_used = held * self.kv_bytes_per_token
         st.prefix_cache_hit_tokens = bm.prefix_cache_hit_tokens
         st.num_preemptions = self.scheduler.num_preemptions
+        st.num_swapped_out, st.num_swapped_in = self.scheduler.num_swapped_out, self.scheduler.num_swapped_in
         # A decode token: one new token right after an already sampled one.
         st.num_decode_tokens = sum(1 for s, n in out.scheduled
                                    if n == 1 and s.output_token_ids and s.num_computed_tokens == s.num_tokens - 1)

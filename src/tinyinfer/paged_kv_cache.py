@@ -86,6 +86,25 @@ class PagedKVCache:
             self.k[:, dst * bs : (dst + 1) * bs] = self.k[:, src * bs : (src + 1) * bs]
             self.v[:, dst * bs : (dst + 1) * bs] = self.v[:, src * bs : (src + 1) * bs]
 
+    def _slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        pos = torch.arange(num_tokens)
+        table = torch.tensor(block_table, dtype=torch.long)
+        return (table[pos // self.block_size] * self.block_size + pos % self.block_size).to(self.k.device)
+
+    def swap_out(self, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy a sequence's first num_tokens keys and values to host memory."""
+        slots = self._slots(block_table, num_tokens)
+        pin = self.k.device.type == "cuda"  # page-locked memory copies back faster
+        return self.k[:, slots].to("cpu").pin_memory() if pin else self.k[:, slots].clone(), \
+            self.v[:, slots].to("cpu").pin_memory() if pin else self.v[:, slots].clone()
+
+    def swap_in(self, block_table: list[int], kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Write keys and values saved by swap_out into a sequence's new blocks."""
+        k, v = kv
+        slots = self._slots(block_table, k.shape[1])
+        self.k[:, slots] = k.to(self.k.device, non_blocking=True)
+        self.v[:, slots] = v.to(self.v.device, non_blocking=True)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                meta: PagedAttentionMetadata) -> torch.Tensor:
         """q [1, H, N, D], k and v [1, Hkv, N, D] for the N packed tokens.

@@ -11,7 +11,9 @@ Each step:
    decode, the next chunk for a prompt) within the step's token budget. If the
    KV pool has no block for them, the newest running sequence is preempted
    (its blocks freed, put back at the front of the queue, recomputed later)
-   until there is room. Never crash, never drop a request.
+   until there is room. Never crash, never drop a request. A preempted
+   sequence either drops its cache and recomputes it later (recompute, the
+   default) or has its blocks copied to host memory and back (swap).
 2. Then waiting sequences, first come first served, while the token budget,
    the cap on running sequences and the free blocks allow. A long prompt takes
    what is left of the budget and continues next step (chunked prefill), so it
@@ -33,6 +35,7 @@ class SchedulerConfig:
     max_num_seqs: int = 16  # running sequences at most
     max_num_batched_tokens: int = 512  # tokens processed per step at most (the token budget)
     enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"  # or "swap": keep the preempted cache in host memory
 
 
 @dataclass
@@ -50,6 +53,8 @@ class SchedulerStats:
     kv_bytes_used: int = 0  # bytes that hold real tokens' keys and values
     prefix_cache_hit_tokens: int = 0  # cumulative: prompt tokens not recomputed
     num_preemptions: int = 0  # cumulative
+    num_swapped_out: int = 0  # cumulative: preemptions that kept their cache in host memory
+    num_swapped_in: int = 0  # cumulative
     num_prefill_tokens: int = 0  # this step
     num_decode_tokens: int = 0  # this step
     step_time_s: float = 0.0
@@ -60,6 +65,10 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens this step)
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write block copies
+    # Swap preemption: (sequence, its block table, tokens to move) to copy out to
+    # host memory before this step's writes, and back in for resumed sequences.
+    swap_out: list[tuple[Sequence, list[int], int]] = field(default_factory=list)
+    swap_in: list[tuple[Sequence, list[int], int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -77,6 +86,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in order of admission: oldest first
         self.num_preemptions = 0
+        self.num_swapped_out = self.num_swapped_in = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -97,7 +107,7 @@ class Scheduler:
                 break
             while bm.blocks_for(seq.num_computed_tokens + n) - len(bm.block_table(seq.request_id)) > bm.num_free_blocks:
                 victim = self.running.pop()  # the newest has waited least: it pays
-                self._preempt(victim)
+                self._preempt(victim, out)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
@@ -111,14 +121,21 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
             # A request that wants prompt logprobs needs every prompt position
-            # computed, so it does not look in the prefix cache.
-            match_ids = seq.token_ids if seq.params.prompt_logprobs is None else []
-            cached = len(bm.match_prefix(match_ids)) * bm.block_size
+            # computed, so it does not look in the prefix cache; nor does one
+            # whose cache is coming back from host memory.
+            swapped = seq.num_swapped_tokens
+            use_cache = seq.params.prompt_logprobs is None and not swapped
+            match_ids = seq.token_ids if use_cache else []
+            cached = swapped or len(bm.match_prefix(match_ids)) * bm.block_size
             n = self._num_new_tokens(seq, cached, budget)
             if n == 0 or not bm.can_allocate(seq.request_id, match_ids, cached + n):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             seq.num_cached_tokens = seq.num_computed_tokens = bm.allocate(seq.request_id, match_ids, cached + n)
+            if swapped:
+                out.swap_in.append((seq, bm.block_table(seq.request_id), swapped))
+                seq.num_computed_tokens, seq.num_swapped_tokens = swapped, 0
+                self.num_swapped_in += 1
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append((seq, n))
@@ -146,9 +163,16 @@ class Scheduler:
         self.block_manager.free(seq.request_id)
         seq.status = SequenceStatus.FINISHED
 
-    def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: drop the sequence's cache and queue it first.
-        Its tokens so far (prompt and output) become the prompt it re-reads."""
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Free the sequence's blocks and queue it first. With recompute, its
+        tokens so far (prompt and output) become the prompt it re-reads; with
+        swap, its computed keys and values wait in host memory instead."""
+        if self.config.preemption_mode == "swap" and seq.num_computed_tokens:
+            # The blocks are reused by others only from this step's writes on,
+            # so the engine copies them out before running the step.
+            out.swap_out.append((seq, list(self.block_manager.block_table(seq.request_id)), seq.num_computed_tokens))
+            seq.num_swapped_tokens = seq.num_computed_tokens
+            self.num_swapped_out += 1
         self.block_manager.free(seq.request_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

@@ -35,6 +35,7 @@ class Sequence:
     status: str = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, found in the prefix cache instead of computed
+    num_swapped_tokens: int = 0  # tokens whose K/V wait in host memory (swap preemption)
     pending_prompt_logprobs: list = field(default_factory=list)  # filled chunk by chunk
 
     @property
