@@ -5,6 +5,7 @@ so notebooks write `labcheck.check_bpe_encode_piece(fn)` whatever the lab.
 """
 from .core import Case, _report  # noqa: F401
 from .attention import check_causal_gqa_attention, check_rope, reference_causal_gqa_attention, reference_rope  # noqa: F401
+from .fleets import check_p95_and_goodput, check_power_of_two, reference_p95_and_goodput, reference_power_of_two  # noqa: F401
 from .kv_cache import check_kv_bytes_per_token, check_tokens_processed, check_update_kv_cache, reference_kv_bytes_per_token, reference_tokens_processed, reference_update_kv_cache  # noqa: F401,E501
 from .prefill_decode import check_arithmetic_intensity, check_predict_decode_time, check_ttft_and_tpot, reference_arithmetic_intensity, reference_predict_decode_time, reference_ttft_and_tpot  # noqa: F401,E501
 from .quantization import check_pack_int4, check_quantize_int4, check_quantize_int8, reference_pack_int4, reference_quantize_int4, reference_quantize_int8  # noqa: F401,E501

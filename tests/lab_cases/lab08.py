@@ -1,0 +1,123 @@
+"""Lab 8 (from one machine to a fleet): wrong implementations each check must
+reject, and the reference each must accept. Collected by tests/test_labs.py."""
+import math
+
+import numpy as np
+
+from tinyinfer import labcheck
+from tinyinfer.bench.results import calculate_metrics
+
+
+def _least_loaded_overall(loads, rng):
+    # least-outstanding, not power of two: it never draws, so it ignores rng
+    return int(np.argmin(loads))
+
+
+def _one_random_replica(loads, rng):
+    # random routing: one draw, no comparison
+    return int(rng.integers(len(loads)))
+
+
+def _more_loaded_of_two(loads, rng):
+    if len(loads) == 1:
+        return 0
+    i, j = rng.choice(len(loads), size=2, replace=False)
+    return int(max(i, j, key=lambda r: (loads[r], -r)))
+
+
+def _with_replacement(loads, rng):
+    # may draw the same replica twice: then there is no choice at all
+    i, j = rng.choice(len(loads), size=2)
+    return int(min(i, j, key=lambda r: (loads[r], r)))
+
+
+def _tie_to_higher_index(loads, rng):
+    if len(loads) == 1:
+        return 0
+    i, j = rng.choice(len(loads), size=2, replace=False)
+    return int(min(i, j, key=lambda r: (loads[r], -r)))
+
+
+def _tie_to_first_drawn(loads, rng):
+    # a tie goes to whichever was drawn first, not to the lower index
+    if len(loads) == 1:
+        return 0
+    i, j = rng.choice(len(loads), size=2, replace=False)
+    return int(i if loads[i] <= loads[j] else j)
+
+
+def _slo_met(r, slos):
+    values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
+    return all(values[k] * 1e3 <= v for k, v in slos.items())
+
+
+def _nearest_rank_p95(records, slos, duration):
+    # the "nearest rank" percentile: no interpolation between neighbours
+    ok = sorted(r.e2el * 1e3 for r in records if r.ok)
+    p95 = ok[math.ceil(0.95 * len(ok)) - 1]
+    return p95, sum(_slo_met(r, slos) for r in records if r.ok) / duration
+
+
+def _p95_in_seconds(records, slos, duration):
+    ok = [r for r in records if r.ok]
+    return float(np.percentile([r.e2el for r in ok], 95)), sum(_slo_met(r, slos) for r in ok) / duration
+
+
+def _slos_compared_in_seconds(records, slos, duration):
+    # 500 (ms) compared with 0.5 (s): every request looks good
+    ok = [r for r in records if r.ok]
+    values = lambda r: {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}  # noqa: E731
+    good = [r for r in ok if all(values(r)[k] <= v for k, v in slos.items())]
+    return float(np.percentile([r.e2el * 1e3 for r in ok], 95)), len(good) / duration
+
+
+def _goodput_per_request(records, slos, duration):
+    # a fraction of requests, not requests per second
+    ok = [r for r in records if r.ok]
+    return float(np.percentile([r.e2el * 1e3 for r in ok], 95)), sum(_slo_met(r, slos) for r in ok) / len(records)
+
+
+def _any_slo_is_enough(records, slos, duration):
+    ok = [r for r in records if r.ok]
+    values = lambda r: {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}  # noqa: E731
+    good = [r for r in ok if any(values(r)[k] * 1e3 <= v for k, v in slos.items())]
+    return float(np.percentile([r.e2el * 1e3 for r in ok], 95)), len(good) / duration
+
+
+def _one_token_misses_tpot(records, slos, duration):
+    # a reply of one token has no TPOT; treating that as a miss drops good requests
+    ok = [r for r in records if r.ok]
+    values = lambda r: {"ttft": r.ttft, "tpot": math.inf if r.tpot is None else r.tpot, "e2el": r.e2el}  # noqa: E731
+    good = [r for r in ok if all(values(r)[k] * 1e3 <= v for k, v in slos.items())]
+    return float(np.percentile([r.e2el * 1e3 for r in ok], 95)), len(good) / duration
+
+
+def _strict_less_than(records, slos, duration):
+    # "meets the SLO" is <=: a request exactly at the target is good
+    ok = [r for r in records if r.ok]
+    values = lambda r: {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}  # noqa: E731
+    good = [r for r in ok if all(values(r)[k] * 1e3 < v for k, v in slos.items())]
+    return float(np.percentile([r.e2el * 1e3 for r in ok], 95)), len(good) / duration
+
+
+def _p95_of_ttft(records, slos, duration):
+    ok = [r for r in records if r.ok]
+    return float(np.percentile([r.ttft * 1e3 for r in ok], 95)), sum(_slo_met(r, slos) for r in ok) / duration
+
+
+def _library(records, slos, duration):
+    res = calculate_metrics(records, duration, percentiles=(95,), goodput=slos)
+    return res.e2el.p(95), res.request_goodput
+
+
+WRONG = {
+    "check_power_of_two": [_least_loaded_overall, _one_random_replica, _more_loaded_of_two, _with_replacement,
+                           _tie_to_higher_index, _tie_to_first_drawn],
+    "check_p95_and_goodput": [_nearest_rank_p95, _p95_in_seconds, _slos_compared_in_seconds, _goodput_per_request,
+                              _any_slo_is_enough, _one_token_misses_tpot, _strict_less_than, _p95_of_ttft],
+}
+REFERENCE = {
+    "check_power_of_two": lambda: labcheck.reference_power_of_two,
+    # The definition itself: tinyinfer.bench's metrics, which follow vLLM's benchmark.
+    "check_p95_and_goodput": lambda: _library,
+}
