@@ -6,8 +6,6 @@ References come from LLM.generate / LLM.chat on the same weights: with greedy
 decoding the server must return exactly the same text and token counts."""
 import concurrent.futures as cf
 import json
-import socket
-import threading
 import time
 
 import pytest
@@ -18,6 +16,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from tinyinfer import SamplingParams  # noqa: E402
 from tinyinfer.server import add_arguments, build_app  # noqa: E402
+from tinyinfer.server.background import BackgroundServer  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 KEY = "test-key"
@@ -30,32 +29,7 @@ def make_engine(**kw):
     return LLMEngine(model=MODEL, dtype="float32", device="cpu", **kw)
 
 
-class Server:
-    """uvicorn in a background thread, on a socket we bound ourselves (port 0: the OS picks a free one)."""
-
-    def __init__(self, app):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("the server did not come up")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+Server = BackgroundServer  # uvicorn in a thread, on a port the OS picked
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ step-time model is about, and a direct call keeps the whole fit to seconds.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -72,6 +74,59 @@ def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
         meta = AttentionMetadata.uniform(pos, context)
         with torch.inference_mode():
             return best_time(lambda: model.compute_logits(model(ids, pos, cache, meta)[:, -1]), device, repeats)
+
+    prefill = [(T, prefill_time(T)) for T in prompt_lens]
+    decode = [(B, decode_time(B)) for B in batch_sizes]
+    _, per_token = _fit_line(*zip(*prefill))
+    base, per_seq = _fit_line(*zip(*decode))
+    cost = StepCostModel(prefill_s_per_token=per_token, decode_base_s=base, decode_s_per_seq=per_seq)
+    if return_measurements:
+        return cost, {"prefill": prefill, "decode": decode}
+    return cost
+
+
+def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8), context: int = 64,
+                    repeats: int = 3, return_measurements: bool = False):
+    """Like calibrate(), but times whole LLMEngine.step() calls, so the fit also
+    covers what a real step pays besides the forward pass: scheduling, building
+    the paged-attention metadata, sampling and detokenising. Use it when the
+    simulator is compared with the real server (benchmarks/fleet_vs_server.py).
+
+    The engine must be idle; it is left idle."""
+    from ..sampling import SamplingParams
+
+    if engine.has_unfinished_requests():
+        raise ValueError("calibrate_steps: the engine must have no unfinished requests")
+    vocab = engine.model_config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+
+    def prompt(n):
+        return {"prompt_token_ids": torch.randint(0, vocab, (n,), generator=gen).tolist()}
+
+    def prefill_time(T: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            engine.add_request(prompt(T), SamplingParams(max_tokens=1, ignore_eos=True))
+            t = time.perf_counter()
+            engine.step()  # the whole prompt in one step (T <= the token budget)
+            best = min(best, time.perf_counter() - t)
+            while engine.has_unfinished_requests():
+                engine.step()
+        return best
+
+    def decode_time(B: int) -> float:
+        for _ in range(B):
+            engine.add_request(prompt(context), SamplingParams(max_tokens=repeats + 2, ignore_eos=True))
+        engine.step()
+        while engine.stats.num_decode_tokens < B:  # until every prompt is in and all decode together
+            engine.step()
+        best = float("inf")
+        while engine.has_unfinished_requests():
+            t = time.perf_counter()
+            engine.step()
+            if engine.stats.num_decode_tokens == B:
+                best = min(best, time.perf_counter() - t)
+        return best
 
     prefill = [(T, prefill_time(T)) for T in prompt_lens]
     decode = [(B, decode_time(B)) for B in batch_sizes]

@@ -1,0 +1,88 @@
+"""Does the fleet simulator predict the real server? One replica, one workload, one run.
+
+    python benchmarks/fleet_vs_server.py [--requests 32] [--rate 1.0] [--max-num-seqs 8] [--threads N]
+
+1. Start `tinyinfer serve` (in this process, on a free local port) on an engine
+   with the given max_num_seqs and token budget.
+2. Fit the simulator's StepCostModel to that engine by timing whole engine
+   steps (fleet.calibrate_steps), before any traffic.
+3. Load-test the server with `tinyinfer bench` (Poisson arrivals, prompt and
+   output lengths drawn uniformly, EOS ignored).
+4. Replay exactly those requests (their send times, prompt and output lengths)
+   through fleet.simulate(replicas=1) with the same limits.
+5. Print p50 / p95 end-to-end latency and TTFT from both, the ratio sim/real,
+   and whether the e2e figures agree within 20% (the course's bar).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from tinyinfer import LLMEngine  # noqa: E402
+from tinyinfer.bench import run_benchmark  # noqa: E402
+from tinyinfer.fleet import ReplicaConfig, calibrate_steps, simulate, workload_from  # noqa: E402
+from tinyinfer.metrics import percentile  # noqa: E402
+from tinyinfer.server import build_app  # noqa: E402
+from tinyinfer.server.background import BackgroundServer  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson)")
+    ap.add_argument("--input-len", default="16:128")
+    ap.add_argument("--output-len", default="8:48")
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = LLMEngine(MODEL, dtype="float32", device="cpu", max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False)
+    cost, points = calibrate_steps(engine, return_measurements=True)
+    print(f"step cost model: {cost}")
+    print("  prefill (tokens, s):", [(t, round(s, 4)) for t, s in points["prefill"]])
+    print("  decode (batch, s):  ", [(b, round(s, 4)) for b, s in points["decode"]])
+
+    with BackgroundServer(build_app(engine, model_name=MODEL, max_waiting=10_000)) as server:
+        res = run_benchmark(server.url, MODEL, num_prompts=args.requests, request_rate=args.rate,
+                            input_len=args.input_len, output_len=args.output_len, tokenizer=MODEL,
+                            seed=args.seed, progress=True)
+    ok = [r for r in res.records if r.ok]
+    if len(ok) != args.requests:
+        raise SystemExit(f"{args.requests - len(ok)} requests failed; the comparison needs all of them")
+    t0 = min(r.send_time for r in ok)
+    records = [{"arrival_time": r.send_time - t0, "prompt_len": r.input_tokens, "output_len": r.output_tokens}
+               for r in ok]
+    sim = simulate(workload_from(records), replicas=1, cost_model=cost,
+                   replica_config=ReplicaConfig(max_num_seqs=args.max_num_seqs,
+                                                max_num_batched_tokens=args.max_num_batched_tokens))
+    real_e2e = [r.chunk_times[-1] - r.send_time for r in ok]
+    real_ttft = [r.chunk_times[0] - r.send_time for r in ok]
+    sim_e2e = [q.e2e for q in sim.requests]
+    sim_ttft = [q.ttft for q in sim.requests]
+    print(f"\n{args.requests} requests, Poisson {args.rate}/s, input {args.input_len}, output {args.output_len}, "
+          f"max_num_seqs {args.max_num_seqs}, torch threads {torch.get_num_threads()}\n")
+    print("| metric | real server (bench) | simulator | sim / real |")
+    print("|---|---|---|---|")
+    verdicts = []
+    for name, real, simulated in (("e2e", real_e2e, sim_e2e), ("ttft", real_ttft, sim_ttft)):
+        for p in (50, 95):
+            a, b = percentile(real, p), percentile(simulated, p)
+            print(f"| {name} p{p} | {a:.2f} s | {b:.2f} s | {b / a:.2f} |")
+            if name == "e2e":
+                verdicts.append(abs(b / a - 1) <= 0.20)
+    print(f"\ne2e p50 and p95 within 20%: {'PASS' if all(verdicts) else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
