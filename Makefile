@@ -1,6 +1,7 @@
 # How LLM inference works: build the book, run the tests, open the labs.
 #
 #   make book    build the static site into _build/html, executing every notebook
+#   make vendor  fetch the site's JavaScript (MathJax, widgets) from npm into _vendor/
 #   make test    run the whole test suite (engine, labs, notebooks, book build)
 #   make lab     JupyterLab on labs/
 #   make labs    regenerate labs/ from solutions/
@@ -31,7 +32,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book test lab labs clean
+.PHONY: book vendor test lab labs clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -57,7 +58,13 @@ $(STAMP): pyproject.toml
 	@$(VENV)/bin/tinyinfer fetch $(QUIET)
 	@touch $@
 
-book: $(STAMP)
+# The site's MathJax, require.js and ipywidgets manager come from npm packages
+# (package-lock.json), not CDNs, so the built book works offline. The script
+# runs npm only when the lock file changed; otherwise it returns at once.
+vendor:
+	$(PYTHON) scripts/vendor_js.py
+
+book: $(STAMP) vendor
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
 test: $(STAMP)

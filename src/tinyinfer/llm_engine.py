@@ -335,11 +335,16 @@ class LLMEngine:
         if self.scheduling == "static":
             st.num_waiting = len(self._static_waiting)
             st.num_running = sum(not s.finished for s in self._static_batch)
+            if not self._static_batch:  # the batch ended and released its cache
+                st.kv_bytes_reserved = st.kv_bytes_used = 0
             return
         bm = self.block_manager
         st.num_running, st.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
         st.kv_bytes_reserved = bm.num_used_blocks * st.kv_bytes_per_block
+        # Per sequence: a prefix shared through the prefix cache counts once for
+        # each sequence here, but its blocks only once in kv_bytes_reserved.
+        st.kv_bytes_used = sum(s.num_computed_tokens for s in self.scheduler.running) * self.kv_bytes_per_token
 
     def _update_static_stats(self, batch: list[Sequence]) -> None:
         st = self.stats
