@@ -8,9 +8,11 @@ A step may mix sequences in different phases: one reading a 200-token chunk of
 its prompt, fifteen others decoding one token each. All their new tokens are
 packed into one flat row, [1, N], so the linear layers (almost all the work)
 see no padding at all. Only attention needs to know which token belongs to
-which sequence; for it we gather each sequence's queries into a padded
-[B, Tq] grid and its keys into a padded [B, S] grid, with a causal mask by
-absolute position, then put the outputs back in flat order.
+which sequence. It runs in groups, so that nobody pays for anybody else's
+length: all decoding sequences together (one query each, keys padded to the
+longest of their contexts), and each prompt chunk on its own (its queries
+against its own keys). Padding them all into one [B, longest chunk, longest
+context] grid would cost a 500-token chunk's work for every one-token decode.
 """
 from __future__ import annotations
 
@@ -23,45 +25,55 @@ from .config import ModelConfig
 
 
 @dataclass
+class AttentionGroup:
+    """Sequences whose attention runs as one call: b sequences of t queries each."""
+
+    token_index: torch.Tensor  # [b * t] where the group's queries sit in the flat row
+    key_slots: torch.Tensor  # [b, S] pool slots of each sequence's positions 0..S-1 (padded)
+    mask: torch.Tensor  # [b, 1, t, S] key position <= query position
+    num_seqs: int
+    query_len: int
+
+
+@dataclass
 class PagedAttentionMetadata:
     """Everything the layers need about one packed step; built once per step."""
 
     positions: torch.Tensor  # [1, N] absolute position of every new token
     slot_mapping: torch.Tensor  # [N] pool slot each new token's K/V is written to
-    key_slots: torch.Tensor  # [B, S] pool slots of each sequence's positions 0..S-1 (padded)
-    query_index: torch.Tensor | None  # [B, Tq] flat index of each sequence's queries; None if Tq == 1
-    output_index: torch.Tensor | None  # [N] where each flat token sits in the [B*Tq] grid
-    mask: torch.Tensor  # [B, 1, Tq, S] key position <= query position
+    groups: list[AttentionGroup]
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
               block_size: int, device) -> "PagedAttentionMetadata":
         """query_lens[b] new tokens of sequence b end at position context_lens[b] - 1."""
-        B, tq, S = len(query_lens), max(query_lens), max(context_lens)
-        width = max(map(len, block_tables))
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
-        pos = torch.arange(S)
-        key_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [B, S]
         starts = [c - q for q, c in zip(query_lens, context_lens)]
-        positions = torch.cat([torch.arange(s, c) for s, c in zip(starts, context_lens)])  # [N]
-        seq_of = torch.repeat_interleave(torch.arange(B), torch.tensor(query_lens))
-        slot_mapping = key_slots[seq_of, positions]
-        # Query position grid [B, Tq]; padding rows sit at position 0 so that each
-        # row sees at least one key (a row with no visible key would give NaN).
-        qpos = torch.zeros(B, tq, dtype=torch.long)
-        query_index = output_index = None
-        if tq > 1:
-            offsets = torch.tensor([0] + query_lens[:-1]).cumsum(0)
-            col = torch.arange(tq)
-            valid = col[None, :] < torch.tensor(query_lens)[:, None]
-            query_index = torch.where(valid, offsets[:, None] + col[None, :], 0)
-            qpos[valid] = positions
-            output_index = (seq_of * tq + (torch.arange(len(positions)) - offsets[seq_of]))
-        else:
-            qpos[:, 0] = positions
-        mask = (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B, 1, Tq, S]
-        to = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return cls(to(positions[None]), to(slot_mapping), to(key_slots), to(query_index), to(output_index), to(mask))
+        offsets = [0]
+        for q in query_lens:
+            offsets.append(offsets[-1] + q)
+        slots = []
+        for s, c, table in zip(starts, context_lens, block_tables):
+            pos = torch.arange(s, c)
+            slots.append(torch.tensor(table)[pos // block_size] * block_size + pos % block_size)
+        decode = [b for b, q in enumerate(query_lens) if q == 1]
+        chunks = [[b] for b, q in enumerate(query_lens) if q > 1]
+        groups = [cls._group(members, query_lens, context_lens, block_tables, block_size, offsets, device)
+                  for members in ([decode] if decode else []) + chunks]
+        positions = torch.cat([torch.arange(s, c) for s, c in zip(starts, context_lens)])
+        return cls(positions[None].to(device), torch.cat(slots).to(device), groups)
+
+    @staticmethod
+    def _group(members, query_lens, context_lens, block_tables, block_size, offsets, device) -> AttentionGroup:
+        t = query_lens[members[0]]
+        S = max(context_lens[b] for b in members)
+        width = -(-S // block_size)
+        tables = torch.tensor([(block_tables[b] + [0] * width)[:width] for b in members], dtype=torch.long)
+        pos = torch.arange(S)
+        key_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [b, S]
+        qpos = torch.stack([torch.arange(context_lens[b] - t, context_lens[b]) for b in members])  # [b, t]
+        mask = (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [b, 1, t, S]
+        index = torch.cat([torch.arange(offsets[b], offsets[b] + t) for b in members])
+        return AttentionGroup(index.to(device), key_slots.to(device), mask.to(device), len(members), t)
 
 
 class PagedKVCache:
@@ -112,17 +124,17 @@ class PagedKVCache:
         # 1. write the new keys and values into their slots
         self.k[layer][meta.slot_mapping] = k[0].transpose(0, 1)  # [N, Hkv, D]
         self.v[layer][meta.slot_mapping] = v[0].transpose(0, 1)
-        # 2. read each sequence's keys and values through its block table
-        keys = self.k[layer][meta.key_slots].transpose(1, 2)  # [B, Hkv, S, D]
-        values = self.v[layer][meta.key_slots].transpose(1, 2)
-        # 3. each sequence's queries as a padded [B, H, Tq, D] grid
         H, N, D = q.shape[1], q.shape[2], q.shape[3]
-        if meta.query_index is None:  # one query per sequence (all decoding)
-            queries = q[0].transpose(0, 1).unsqueeze(2)  # [N=B, H, 1, D]
-        else:
-            queries = q[0].transpose(0, 1)[meta.query_index].transpose(1, 2)  # [B, H, Tq, D]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask, enable_gqa=True)
-        out = out.transpose(1, 2).flatten(2)  # [B, Tq, H*D]
-        if meta.output_index is not None:  # back to flat order, dropping padding
-            out = out.flatten(0, 1)[meta.output_index]
-        return out.reshape(1, N, H * D)
+        out = q.new_empty(N, H * D) if len(meta.groups) > 1 else None
+        for g in meta.groups:
+            # 2. read the group's keys and values through the block tables
+            keys = self.k[layer][g.key_slots].transpose(1, 2)  # [b, Hkv, S, D]
+            values = self.v[layer][g.key_slots].transpose(1, 2)
+            # 3. its queries as [b, H, t, D]
+            queries = q[0][:, g.token_index].view(H, g.num_seqs, g.query_len, D).transpose(0, 1)
+            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(g.num_seqs * g.query_len, H * D)  # flat order within the group
+            if out is None:  # a single group covers all N tokens, in order
+                return o[None]
+            out[g.token_index] = o
+        return out[None]
