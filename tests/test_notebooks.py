@@ -20,12 +20,12 @@ other tests.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_book import toc_files  # the pages _toc.yml lists (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 SANITIZE = ROOT / "tests" / "sanitize.cfg"
@@ -35,15 +35,9 @@ NOTEBOOK_TIMEOUT_S = 1200
 CASES = [pytest.param(p, "--nbval", id=f"strict:{p.relative_to(ROOT)}")
          for p in sorted((ROOT / "solutions").glob("*.ipynb"))]
 
-def _in_toc() -> set[str]:
-    """Pages listed in _toc.yml (`- file: labs/01-tokens`), without suffixes."""
-    toc = (ROOT / "_toc.yml").read_text()
-    return {str(Path(f).with_suffix("")) for f in re.findall(r"file:\s*(\S+)", toc)}
-
-
 CASES += [pytest.param(p, "--nbval-lax", id=f"lax:{p.relative_to(ROOT)}")
           for p in sorted((ROOT / "labs").glob("*.ipynb"))
-          if str(p.relative_to(ROOT).with_suffix("")) not in _in_toc()]
+          if str(p.relative_to(ROOT).with_suffix("")) not in toc_files()]
 
 
 @pytest.mark.notebooks

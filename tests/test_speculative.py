@@ -9,18 +9,13 @@ from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
 
 from tinyinfer import SamplingParams
 from tinyinfer.speculative import SpeculativeDecoder, accept_draft_tokens
+# Target p and draft q rows for k=3 drafted positions (+1 for the bonus token):
+# the same ones lab 9's check uses.
+from tinyinfer.labcheck.speculative import P, Q  # noqa: E402
 from tinyinfer.weights import load_model
 
 # --- the acceptance rule, on a 6-token vocabulary --------------------------------
 
-# Target p and draft q rows for k=3 drafted positions (+1 for the bonus token).
-P = torch.tensor([[0.40, 0.25, 0.15, 0.10, 0.06, 0.04],
-                  [0.05, 0.05, 0.10, 0.20, 0.30, 0.30],
-                  [0.30, 0.10, 0.10, 0.10, 0.10, 0.30],
-                  [0.10, 0.50, 0.10, 0.10, 0.10, 0.10]])
-Q = torch.tensor([[0.10, 0.10, 0.20, 0.30, 0.20, 0.10],
-                  [0.20, 0.20, 0.20, 0.20, 0.10, 0.10],
-                  [0.25, 0.15, 0.10, 0.10, 0.15, 0.25]])
 TRIALS = 4000
 # 99.9% quantile of the chi-square distribution with 6 - 1 = 5 degrees of freedom:
 # a correct rule exceeds it with probability 0.001 (and the seed is fixed).

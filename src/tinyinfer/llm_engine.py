@@ -314,14 +314,10 @@ class LLMEngine:
     # --- stats ---------------------------------------------------------------------------
 
     def _update_stats(self, out) -> None:
-        st, bm = self.stats, self.block_manager
-        st.num_running, st.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
-        st.kv_bytes_reserved = bm.num_used_blocks * st.kv_bytes_per_block
-        # Tokens held once this step has run: real data, as opposed to reserved space.
-        held = sum(s.num_computed_tokens for s in self.scheduler.running) + out.num_batched_tokens
-        st.kv_bytes_used = held * self.kv_bytes_per_token
-        st.prefix_cache_hit_tokens = bm.prefix_cache_hit_tokens
+        """This step's work. The queue and the pool are read at the end of the
+        step (_refresh_pool_stats), once finished requests have left."""
+        st = self.stats
+        st.prefix_cache_hit_tokens = self.block_manager.prefix_cache_hit_tokens
         st.num_preemptions = self.scheduler.num_preemptions
         st.num_swapped_out, st.num_swapped_in = self.scheduler.num_swapped_out, self.scheduler.num_swapped_in
         # A decode token: one new token right after an already sampled one.

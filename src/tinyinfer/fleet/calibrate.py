@@ -47,6 +47,16 @@ def _fit_line(xs, ys) -> tuple[float, float]:
     return max(float(intercept), 0.0), max(float(slope), 0.0)
 
 
+def _fit_cost(prefill, decode, return_measurements: bool):
+    """The StepCostModel through the measured (tokens, s) and (batch, s) points."""
+    _, per_token = _fit_line(*zip(*prefill))
+    base, per_seq = _fit_line(*zip(*decode))
+    cost = StepCostModel(prefill_s_per_token=per_token, decode_base_s=base, decode_s_per_seq=per_seq)
+    if return_measurements:
+        return cost, {"prefill": prefill, "decode": decode}
+    return cost
+
+
 def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
               context: int = 64, repeats: int = 2, return_measurements: bool = False):
     """Measure prefill cost per token and decode step time vs batch size on the
@@ -77,12 +87,7 @@ def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
 
     prefill = [(T, prefill_time(T)) for T in prompt_lens]
     decode = [(B, decode_time(B)) for B in batch_sizes]
-    _, per_token = _fit_line(*zip(*prefill))
-    base, per_seq = _fit_line(*zip(*decode))
-    cost = StepCostModel(prefill_s_per_token=per_token, decode_base_s=base, decode_s_per_seq=per_seq)
-    if return_measurements:
-        return cost, {"prefill": prefill, "decode": decode}
-    return cost
+    return _fit_cost(prefill, decode, return_measurements)
 
 
 def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8), context: int = 64,
@@ -130,9 +135,4 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8), co
 
     prefill = [(T, prefill_time(T)) for T in prompt_lens]
     decode = [(B, decode_time(B)) for B in batch_sizes]
-    _, per_token = _fit_line(*zip(*prefill))
-    base, per_seq = _fit_line(*zip(*decode))
-    cost = StepCostModel(prefill_s_per_token=per_token, decode_base_s=base, decode_s_per_seq=per_seq)
-    if return_measurements:
-        return cost, {"prefill": prefill, "decode": decode}
-    return cost
+    return _fit_cost(prefill, decode, return_measurements)
