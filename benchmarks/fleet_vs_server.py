@@ -2,10 +2,13 @@
 
     python benchmarks/fleet_vs_server.py [--requests 32] [--rate 1.0] [--max-num-seqs 8] [--threads N]
 
-1. Start `tinyinfer serve` (in this process, on a free local port) on an engine
-   with the given max_num_seqs and token budget.
-2. Fit the simulator's StepCostModel to that engine by timing whole engine
-   steps (fleet.calibrate_steps), before any traffic.
+1. Fit the simulator's StepCostModel by timing whole engine steps
+   (fleet.calibrate_steps) of an engine with the given max_num_seqs and token
+   budget.
+2. Start `tinyinfer serve` with the same settings: by default as its own
+   process, as a reader runs it (--in-process runs it in a thread of this
+   process instead, where the server, the engine and the load generator share
+   one interpreter lock).
 3. Load-test the server with `tinyinfer bench` (Poisson arrivals, prompt and
    output lengths drawn uniformly, EOS ignored).
 4. Replay exactly those requests (their send times, prompt and output lengths)
@@ -17,10 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from tinyinfer import LLMEngine  # noqa: E402
@@ -33,6 +42,39 @@ from tinyinfer.server.background import BackgroundServer  # noqa: E402
 MODEL = "smollm2-135m-instruct"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server_process(args):
+    """`tinyinfer serve` as a child process; yields its base URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tinyinfer", "serve", "--port", str(port), "--dtype", "float32", "--device", "cpu",
+           "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--max-waiting", "10000", "--log-level", "warning"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    proc = subprocess.Popen(cmd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server did not come up (exit code {proc.poll()})")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=32)
@@ -43,20 +85,29 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--in-process", action="store_true", help="run the server in a thread of this process")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = LLMEngine(MODEL, dtype="float32", device="cpu", max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False)
+                       max_num_batched_tokens=args.max_num_batched_tokens)
     cost, points = calibrate_steps(engine, return_measurements=True)
     print(f"step cost model: {cost}")
     print("  prefill (tokens, s):", [(t, round(s, 4)) for t, s in points["prefill"]])
     print("  decode (batch, s):  ", [(b, round(s, 4)) for b, s in points["decode"]])
 
-    with BackgroundServer(build_app(engine, model_name=MODEL, max_waiting=10_000)) as server:
-        res = run_benchmark(server.url, MODEL, num_prompts=args.requests, request_rate=args.rate,
-                            input_len=args.input_len, output_len=args.output_len, tokenizer=MODEL,
-                            seed=args.seed, progress=True)
+    def bench(url):
+        return run_benchmark(url, MODEL, num_prompts=args.requests, request_rate=args.rate,
+                             input_len=args.input_len, output_len=args.output_len, tokenizer=MODEL,
+                             seed=args.seed, progress=True)
+
+    if args.in_process:
+        with BackgroundServer(build_app(engine, model_name=MODEL, max_waiting=10_000)) as server:
+            res = bench(server.url)
+    else:
+        del engine  # the server process loads its own
+        with server_process(args) as url:
+            res = bench(url)
     ok = [r for r in res.records if r.ok]
     if len(ok) != args.requests:
         raise SystemExit(f"{args.requests - len(ok)} requests failed; the comparison needs all of them")
@@ -71,7 +122,8 @@ def main() -> None:
     sim_e2e = [q.e2e for q in sim.requests]
     sim_ttft = [q.ttft for q in sim.requests]
     print(f"\n{args.requests} requests, Poisson {args.rate}/s, input {args.input_len}, output {args.output_len}, "
-          f"max_num_seqs {args.max_num_seqs}, torch threads {torch.get_num_threads()}\n")
+          f"max_num_seqs {args.max_num_seqs}, torch threads {torch.get_num_threads()}, "
+          f"server {'in this process' if args.in_process else 'in its own process'}\n")
     print("| metric | real server (bench) | simulator | sim / real |")
     print("|---|---|---|---|")
     verdicts = []
