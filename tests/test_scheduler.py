@@ -118,6 +118,10 @@ def test_prefix_cache_hit_skips_tokens_and_changes_nothing(text_ids):
     plain = run_all(LLMEngine(**dict(ENGINE_ARGS, enable_prefix_caching=False)), [(b, params)])[0]
     assert with_hit == plain
     assert_no_blocks_held(cached)
+    # After a reset the same prompt finds nothing cached and computes every token.
+    assert cached.reset_prefix_cache() > 0
+    assert run_all(cached, [(b, params)])[0] == plain
+    assert cached.stats.prefix_cache_hit_tokens == 64  # cumulative: no new hit
 
 
 def test_step_outputs_are_incremental_and_stats_are_reported(text_ids):

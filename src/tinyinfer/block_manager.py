@@ -194,6 +194,20 @@ class BlockManager:
             parent = block.hash
             self.num_computed_blocks[seq_id] = i + 1
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the prefixes cached in free blocks (vLLM's reset_prefix_cache),
+        e.g. so that a benchmark's second run must compute what its first did.
+        Blocks in use keep theirs. Returns how many blocks were forgotten."""
+        forgotten = 0
+        for block_id in self.free_block_ids:
+            block = self.blocks[block_id]
+            if block.hash is not None:
+                if self.cached_blocks.get(block.hash) == block_id:
+                    del self.cached_blocks[block.hash]
+                block.hash, block.token_ids = None, ()
+                forgotten += 1
+        return forgotten
+
     # --- internals --------------------------------------------------------------
 
     def _pop_free(self) -> int:

@@ -45,6 +45,10 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the prompt prefixes kept in free KV blocks (vLLM's LLM.reset_prefix_cache)."""
+        return self.llm_engine.reset_prefix_cache()
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Complete one prompt or a batch. A prompt is a string or

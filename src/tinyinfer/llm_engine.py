@@ -159,6 +159,10 @@ class LLMEngine:
                 self.swapped.pop(rid, None)
         self._refresh_pool_stats()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefixes of free KV blocks; returns how many blocks."""
+        return self.block_manager.reset_prefix_cache()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

@@ -34,8 +34,26 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # F.rms_norm is x * rsqrt(mean(x**2) + eps) in one fused kernel.
+        if x.dtype == torch.float32:  # the same arithmetic, with the weight fused in too
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return self.weight * normed.to(x.dtype)  # rounded to x.dtype first, as transformers does
+
+
+class Linear(nn.Linear):
+    """nn.Linear with one CPU special case: a single row in bf16/fp16.
+
+    Decoding one sequence multiplies every weight matrix by one vector (a GEMV).
+    PyTorch's general half-precision matmul on CPU is tiled for many rows and
+    reads weights at well under half the speed of its matrix-vector kernel
+    (`torch.mv`), which gives the same result (benchmarks/decode.py shows the
+    effect; chapter 4 explains why batch-1 decode is all about reading weights)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu"
+                and self.bias is None and x.numel() == x.shape[-1]):
+            return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)
+        return super().forward(x)
 
 
 def rope_tables(config: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +92,8 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         # Q, K and V projections stacked into one matrix (as vLLM does): one
         # matmul reads the same bytes as three but pays the per-call cost once.
-        self.qkv_proj = nn.Linear(c, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, c, bias=False)
+        self.qkv_proj = Linear(c, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = Linear(self.q_size, c, bias=False)
 
     def forward(self, x, cos, sin, cache: KVCache, meta: AttentionMetadata):
         B, T, _ = x.shape
@@ -98,8 +116,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         c, i = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = nn.Linear(c, 2 * i, bias=False)
-        self.down_proj = nn.Linear(i, c, bias=False)
+        self.gate_up_proj = Linear(c, 2 * i, bias=False)
+        self.down_proj = Linear(i, c, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -133,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         cos, sin = rope_tables(config)

@@ -9,9 +9,9 @@ its prompt, fifteen others decoding one token each. All their new tokens are
 packed into one flat row, [1, N], so the linear layers (almost all the work)
 see no padding at all. Only attention needs to know which token belongs to
 which sequence. It runs in groups, so that nobody pays for anybody else's
-length: all decoding sequences together (one query each, keys padded to the
-longest of their contexts), and each prompt chunk on its own (its queries
-against its own keys). Padding them all into one [B, longest chunk, longest
+length: decoding sequences of similar context length together (one query
+each, keys padded to the longest context in the group), and each prompt chunk
+on its own (its queries against its own keys). Padding them all into one [B, longest chunk, longest
 context] grid would cost a 500-token chunk's work for every one-token decode.
 """
 from __future__ import annotations
@@ -29,10 +29,12 @@ class AttentionGroup:
     """Sequences whose attention runs as one call: b sequences of t queries each."""
 
     token_index: torch.Tensor  # [b * t] where the group's queries sit in the flat row
-    key_slots: torch.Tensor  # [b, S] pool slots of each sequence's positions 0..S-1 (padded)
-    mask: torch.Tensor  # [b, 1, t, S] key position <= query position
+    key_slots: torch.Tensor  # [b * S] pool slots of each sequence's positions 0..S-1 (padded)
+    mask: torch.Tensor | None  # [b, 1, t, S] key position <= query position; None if all True
     num_seqs: int
     query_len: int
+    num_keys: int  # S
+    is_causal: bool = False  # a chunk from position 0: plain causal attention, no mask tensor
 
 
 @dataclass
@@ -58,9 +60,26 @@ class PagedAttentionMetadata:
         decode = [b for b, q in enumerate(query_lens) if q == 1]
         chunks = [[b] for b, q in enumerate(query_lens) if q > 1]
         groups = [cls._group(members, query_lens, context_lens, block_tables, block_size, offsets, device)
-                  for members in ([decode] if decode else []) + chunks]
+                  for members in cls._decode_buckets(decode, context_lens) + chunks]
         positions = torch.cat([torch.arange(s, c) for s, c in zip(starts, context_lens)])
         return cls(positions[None].to(device), torch.cat(slots).to(device), groups)
+
+    @staticmethod
+    def _decode_buckets(decode: list[int], context_lens: list[int]) -> list[list[int]]:
+        """Split the decoding sequences into groups of similar context length.
+
+        A group's keys are padded to its longest context, and gathering them is
+        most of attention's cost. With one group, a 40-token sequence decoding
+        beside a 600-token one would copy 600 positions. Sorted longest first,
+        a new group starts wherever a context is under half its group's longest:
+        padding stays under half of each group, for a few more calls per layer."""
+        buckets: list[list[int]] = []
+        for b in sorted(decode, key=lambda b: -context_lens[b]):
+            if buckets and 2 * context_lens[b] >= context_lens[buckets[-1][0]]:
+                buckets[-1].append(b)
+            else:
+                buckets.append([b])
+        return [sorted(bucket) for bucket in buckets]  # flat-row order within a group
 
     @staticmethod
     def _group(members, query_lens, context_lens, block_tables, block_size, offsets, device) -> AttentionGroup:
@@ -72,8 +91,15 @@ class PagedAttentionMetadata:
         key_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [b, S]
         qpos = torch.stack([torch.arange(context_lens[b] - t, context_lens[b]) for b in members])  # [b, t]
         mask = (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [b, 1, t, S]
+        # Two common cases need no mask tensor, which saves work in every layer:
+        # decodes that all see every key (e.g. batch 1), and a prompt read from
+        # position 0 in one chunk (plain causal attention).
+        is_causal = t > 1 and S == t
+        if is_causal or bool(mask.all()):
+            mask = None
         index = torch.cat([torch.arange(offsets[b], offsets[b] + t) for b in members])
-        return AttentionGroup(index.to(device), key_slots.to(device), mask.to(device), len(members), t)
+        return AttentionGroup(index.to(device), key_slots.flatten().to(device),
+                              None if mask is None else mask.to(device), len(members), t, S, is_causal)
 
 
 class PagedKVCache:
@@ -121,20 +147,36 @@ class PagedKVCache:
                meta: PagedAttentionMetadata) -> torch.Tensor:
         """q [1, H, N, D], k and v [1, Hkv, N, D] for the N packed tokens.
         Returns [1, N, H*D]."""
-        # 1. write the new keys and values into their slots
-        self.k[layer][meta.slot_mapping] = k[0].transpose(0, 1)  # [N, Hkv, D]
-        self.v[layer][meta.slot_mapping] = v[0].transpose(0, 1)
+        # 1. write the new keys and values into their slots. (index_copy_ and
+        # index_select below do what `pool[slots] = x` and `pool[slots]` do, with
+        # one fast row copy per slot instead of general advanced indexing: 3-4x
+        # faster on CPU, and the gathers are most of attention's cost here.)
+        self.k[layer].index_copy_(0, meta.slot_mapping, k[0].transpose(0, 1))  # [N, Hkv, D]
+        self.v[layer].index_copy_(0, meta.slot_mapping, v[0].transpose(0, 1))
         H, N, D = q.shape[1], q.shape[2], q.shape[3]
-        out = q.new_empty(N, H * D) if len(meta.groups) > 1 else None
+        Hkv = k.shape[1]
+        single = len(meta.groups) == 1  # one group covers all N tokens, in flat-row order
+        out = None if single else q.new_empty(N, H * D)
         for g in meta.groups:
+            b, t, S = g.num_seqs, g.query_len, g.num_keys
             # 2. read the group's keys and values through the block tables
-            keys = self.k[layer][g.key_slots].transpose(1, 2)  # [b, Hkv, S, D]
-            values = self.v[layer][g.key_slots].transpose(1, 2)
+            keys = self.k[layer].index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)  # [b, Hkv, S, D]
+            values = self.v[layer].index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)
             # 3. its queries as [b, H, t, D]
-            queries = q[0][:, g.token_index].view(H, g.num_seqs, g.query_len, D).transpose(0, 1)
-            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask, enable_gqa=True)
-            o = o.transpose(1, 2).reshape(g.num_seqs * g.query_len, H * D)  # flat order within the group
-            if out is None:  # a single group covers all N tokens, in order
+            queries = q[0] if single else q[0].index_select(1, g.token_index)
+            queries = queries.view(H, b, t, D).transpose(0, 1)
+            if t == 1:
+                # Decodes: fold each K/V head's group of query heads into rows of
+                # queries, [b, Hkv, H/Hkv, D]. SDPA then reads every key once per
+                # K/V head rather than once per query head (about 1.6x faster here
+                # than enable_gqa). Rows of one sequence share its mask.
+                o = F.scaled_dot_product_attention(queries.reshape(b, Hkv, H // Hkv, D), keys, values,
+                                                   attn_mask=g.mask)
+            else:
+                o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask,
+                                                   is_causal=g.is_causal, enable_gqa=True).transpose(1, 2)
+            o = o.reshape(b * t, H * D)  # flat order within the group
+            if single:
                 return o[None]
-            out[g.token_index] = o
+            out.index_copy_(0, g.token_index, o)
         return out[None]
