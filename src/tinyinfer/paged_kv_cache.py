@@ -11,8 +11,9 @@ see no padding at all. Only attention needs to know which token belongs to
 which sequence. It runs in groups, so that nobody pays for anybody else's
 length: decoding sequences of similar context length together (one query
 each, keys padded to the longest context in the group), and each prompt chunk
-on its own (its queries against its own keys). Padding them all into one [B, longest chunk, longest
-context] grid would cost a 500-token chunk's work for every one-token decode.
+on its own (its queries against its own keys). Padding them all into one
+[B, longest chunk, longest context] grid would cost a 500-token chunk's work
+for every one-token decode.
 """
 from __future__ import annotations
 
