@@ -200,11 +200,8 @@ class BlockManager:
         Blocks in use keep theirs. Returns how many blocks were forgotten."""
         forgotten = 0
         for block_id in self.free_block_ids:
-            block = self.blocks[block_id]
-            if block.hash is not None:
-                if self.cached_blocks.get(block.hash) == block_id:
-                    del self.cached_blocks[block.hash]
-                block.hash, block.token_ids = None, ()
+            if self.blocks[block_id].hash is not None:
+                self._forget(block_id)
                 forgotten += 1
         return forgotten
 
@@ -212,13 +209,17 @@ class BlockManager:
 
     def _pop_free(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)  # least recently freed
-        block = self.blocks[block_id]
-        if block.hash is not None:  # evict it from the prefix cache
-            if self.cached_blocks.get(block.hash) == block_id:
-                del self.cached_blocks[block.hash]
-            block.hash, block.token_ids = None, ()
-        block.ref_count = 1
+        if self.blocks[block_id].hash is not None:  # evict it from the prefix cache
+            self._forget(block_id)
+        self.blocks[block_id].ref_count = 1
         return block_id
+
+    def _forget(self, block_id: int) -> None:
+        """Drop a block's prefix hash and its entry in the prefix cache."""
+        block = self.blocks[block_id]
+        if self.cached_blocks.get(block.hash) == block_id:
+            del self.cached_blocks[block.hash]
+        block.hash, block.token_ids = None, ()
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

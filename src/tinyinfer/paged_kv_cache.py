@@ -25,6 +25,12 @@ import torch.nn.functional as F
 from .config import ModelConfig
 
 
+def slot_ids(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Pool slot of each position: its block from the table, then its offset in
+    the block. tables is one block table [W] or several [b, W]."""
+    return tables[..., positions // block_size] * block_size + positions % block_size
+
+
 @dataclass
 class AttentionGroup:
     """Sequences whose attention runs as one call: b sequences of t queries each."""
@@ -57,7 +63,7 @@ class PagedAttentionMetadata:
         slots = []
         for s, c, table in zip(starts, context_lens, block_tables):
             pos = torch.arange(s, c)
-            slots.append(torch.tensor(table)[pos // block_size] * block_size + pos % block_size)
+            slots.append(slot_ids(torch.tensor(table), pos, block_size))
         decode = [b for b, q in enumerate(query_lens) if q == 1]
         chunks = [[b] for b, q in enumerate(query_lens) if q > 1]
         groups = [cls._group(members, query_lens, context_lens, block_tables, block_size, offsets, device)
@@ -89,14 +95,14 @@ class PagedAttentionMetadata:
         width = -(-S // block_size)
         tables = torch.tensor([(block_tables[b] + [0] * width)[:width] for b in members], dtype=torch.long)
         pos = torch.arange(S)
-        key_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [b, S]
+        key_slots = slot_ids(tables, pos, block_size)  # [b, S]
         qpos = torch.stack([torch.arange(context_lens[b] - t, context_lens[b]) for b in members])  # [b, t]
-        mask = (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [b, 1, t, S]
         # Two common cases need no mask tensor, which saves work in every layer:
-        # decodes that all see every key (e.g. batch 1), and a prompt read from
-        # position 0 in one chunk (plain causal attention).
+        # a prompt read from position 0 in one chunk (plain causal attention),
+        # and decodes that all see every key (e.g. batch 1).
         is_causal = t > 1 and S == t
-        if is_causal or bool(mask.all()):
+        mask = None if is_causal else (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [b, 1, t, S]
+        if mask is not None and bool(mask.all()):
             mask = None
         index = torch.cat([torch.arange(offsets[b], offsets[b] + t) for b in members])
         return AttentionGroup(index.to(device), key_slots.flatten().to(device),
@@ -128,7 +134,7 @@ class PagedKVCache:
     def _slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         pos = torch.arange(num_tokens)
         table = torch.tensor(block_table, dtype=torch.long)
-        return (table[pos // self.block_size] * self.block_size + pos % self.block_size).to(self.k.device)
+        return slot_ids(table, pos, self.block_size).to(self.k.device)
 
     def swap_out(self, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy a sequence's first num_tokens keys and values to host memory."""
