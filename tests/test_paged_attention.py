@@ -50,9 +50,10 @@ def run_step(steps, seed=0):
         cache.v[0][slots] = v[:, : c - t].transpose(0, 1)
     meta = PagedAttentionMetadata.build([t for _, t in steps], [c for c, _ in steps], tables, BS, "cpu")
     qs = [torch.randn(H, t, D) for _, t in steps]
-    new_k = torch.cat([k[:, c - t:] for (c, t), k in zip(steps, ks)], 1)[None]
-    new_v = torch.cat([v[:, c - t:] for (c, t), v in zip(steps, vs)], 1)[None]
-    out = cache.attend(0, torch.cat(qs, 1)[None], new_k, new_v, meta)[0]
+    # attend takes token-major tensors, [1, N, heads, D]
+    new_k = torch.cat([k[:, c - t:] for (c, t), k in zip(steps, ks)], 1).transpose(0, 1)[None]
+    new_v = torch.cat([v[:, c - t:] for (c, t), v in zip(steps, vs)], 1).transpose(0, 1)[None]
+    out = cache.attend(0, torch.cat(qs, 1).transpose(0, 1)[None], new_k, new_v, meta)[0]
     want = torch.cat([reference(q, k, v) for q, k, v in zip(qs, ks, vs)])
     return out, want, meta
 

@@ -42,12 +42,13 @@ class KVCache:
         return self.k[layer, :B, :, : meta.num_keys], self.v[layer, :B, :, : meta.num_keys]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> torch.Tensor:
-        """Store this step's k, v, then attend q [B, H, T, D] over every visible
-        key. Returns [B, T, H*D]. (The paged cache has the same method, so the
-        model does not care which cache it is given.)"""
-        keys, values = self.update(layer, k, v, meta)  # [B, Hkv, S, D]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, is_causal=meta.is_causal,
-                                             enable_gqa=True)
+        """Store this step's k, v [B, T, Hkv, D], then attend q [B, T, H, D] over
+        every visible key. Returns [B, T, H*D]. (The paged cache has the same
+        method, so the model does not care which cache it is given.)"""
+        # This slab keeps heads before positions, [B, Hkv, S, D], the layout SDPA reads.
+        keys, values = self.update(layer, k.transpose(1, 2), v.transpose(1, 2), meta)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask,
+                                             is_causal=meta.is_causal, enable_gqa=True)  # [B, H, T, D]
         return out.transpose(1, 2).flatten(2)
 
     def nbytes(self) -> int:

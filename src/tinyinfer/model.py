@@ -33,11 +33,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.rms_norm is x * rsqrt(mean(x**2) + eps) in one fused kernel.
-        if x.dtype == torch.float32:  # the same arithmetic, with the weight fused in too
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)  # rounded to x.dtype first, as transformers does
+        h = x.float()  # no copy when x is already fp32
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if x.dtype == torch.float32:
+            return h * self.weight
+        return self.weight * h.to(x.dtype)  # rounded to x.dtype first, as transformers does
 
 
 class Linear(nn.Linear):
@@ -47,7 +47,8 @@ class Linear(nn.Linear):
     PyTorch's general half-precision matmul on CPU is tiled for many rows and
     reads weights at well under half the speed of its matrix-vector kernel
     (`torch.mv`), which gives the same result (benchmarks/decode.py shows the
-    effect; chapter 4 explains why batch-1 decode is all about reading weights)."""
+    effect; chapter 4 explains why batch-1 decode is all about reading weights).
+    In fp32 both kernels run alike, so fp32 keeps the ordinary path."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu"
@@ -75,7 +76,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate query or key vectors x [B, heads, T, D] by their positions' angles."""
+    """Rotate query or key vectors x [..., D] by their positions' angles.
+
+    cos and sin [..., D] must broadcast against x: e.g. x [B, T, heads, D] with
+    cos [B, T, 1, D] (the engine's layout), or x [heads, T, D] with cos [T, D]."""
     return x * cos + rotate_half(x) * sin
 
 
@@ -97,11 +101,15 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache, meta: AttentionMetadata):
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)
-        # Queries and keys sit side by side in qkv, so one RoPE call rotates both.
-        qk = apply_rope(qkv[..., : self.q_size + self.kv_size].view(B, T, -1, self.head_dim).transpose(1, 2), cos, sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [B, H, T, D], [B, Hkv, T, D]
-        v = qkv[..., self.q_size + self.kv_size :].view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        H, Hkv = self.num_heads, self.num_kv_heads
+        # [B, T, H + 2*Hkv, D]: every token's query heads, then key heads, then
+        # value heads. Kept token-major, the layout the projection produces and
+        # the cache stores, so no transposes are needed on the way.
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim)
+        # Queries and keys sit side by side, so one RoPE call rotates both.
+        qk = apply_rope(qkv[:, :, : H + Hkv], cos, sin)
+        q, k = qk.split([H, Hkv], dim=2)  # [B, T, H, D], [B, T, Hkv, D]
+        v = qkv[:, :, H + Hkv :]
         # Store this step's keys and values, then attend over everything cached so
         # far. Old positions are never recomputed: that is the whole point of the cache.
         # The cache does both (kv_cache.KVCache or paged_kv_cache.PagedKVCache).
@@ -169,12 +177,15 @@ class LlamaForCausalLM(nn.Module):
         if meta is None:
             meta = AttentionMetadata.general(positions, cache)
         x = self.model.embed_tokens(input_ids)
-        # RoPE tables are fp32; cast to the model dtype as transformers does.
-        cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [B, 1, T, D]
-        sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        cos, sin = self.rope_at(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, meta)
         return self.model.norm(x)
+
+    def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [B, T, 1, D] for positions [B, T], shared by every layer and head.
+        The tables are fp32; they are cast to the model dtype, as transformers does."""
+        return self.rope_cos[positions].unsqueeze(2).to(dtype), self.rope_sin[positions].unsqueeze(2).to(dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Scores for every vocabulary entry, in fp32 so sampling sees full precision."""

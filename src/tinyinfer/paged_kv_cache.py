@@ -116,6 +116,8 @@ class PagedKVCache:
         # and uninitialised memory could hold NaN bit patterns (NaN * 0 = NaN).
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # One [slots, Hkv, D] view per layer, made once: attention runs every step.
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
         self.num_blocks, self.block_size = num_blocks, block_size
 
     def bytes_per_block(self) -> int:
@@ -152,35 +154,35 @@ class PagedKVCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                meta: PagedAttentionMetadata) -> torch.Tensor:
-        """q [1, H, N, D], k and v [1, Hkv, N, D] for the N packed tokens.
+        """q [1, N, H, D], k and v [1, N, Hkv, D] for the N packed tokens.
         Returns [1, N, H*D]."""
+        k_pool, v_pool = self.k_layers[layer], self.v_layers[layer]  # [slots, Hkv, D]
         # 1. write the new keys and values into their slots. (index_copy_ and
         # index_select below do what `pool[slots] = x` and `pool[slots]` do, with
         # one fast row copy per slot instead of general advanced indexing: 3-4x
         # faster on CPU, and the gathers are most of attention's cost here.)
-        self.k[layer].index_copy_(0, meta.slot_mapping, k[0].transpose(0, 1))  # [N, Hkv, D]
-        self.v[layer].index_copy_(0, meta.slot_mapping, v[0].transpose(0, 1))
-        H, N, D = q.shape[1], q.shape[2], q.shape[3]
-        Hkv = k.shape[1]
+        k_pool.index_copy_(0, meta.slot_mapping, k[0])
+        v_pool.index_copy_(0, meta.slot_mapping, v[0])
+        N, H, D = q.shape[1], q.shape[2], q.shape[3]
+        Hkv = k.shape[2]
         single = len(meta.groups) == 1  # one group covers all N tokens, in flat-row order
         out = None if single else q.new_empty(N, H * D)
         for g in meta.groups:
             b, t, S = g.num_seqs, g.query_len, g.num_keys
             # 2. read the group's keys and values through the block tables
-            keys = self.k[layer].index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)  # [b, Hkv, S, D]
-            values = self.v[layer].index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)
-            # 3. its queries as [b, H, t, D]
-            queries = q[0] if single else q[0].index_select(1, g.token_index)
-            queries = queries.view(H, b, t, D).transpose(0, 1)
+            keys = k_pool.index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)  # [b, Hkv, S, D]
+            values = v_pool.index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)
+            # 3. the group's queries, [b, t, H, D]
+            queries = (q[0] if single else q[0].index_select(0, g.token_index)).view(b, t, H, D)
             if t == 1:
                 # Decodes: fold each K/V head's group of query heads into rows of
                 # queries, [b, Hkv, H/Hkv, D]. SDPA then reads every key once per
                 # K/V head rather than once per query head (about 1.6x faster here
                 # than enable_gqa). Rows of one sequence share its mask.
-                o = F.scaled_dot_product_attention(queries.reshape(b, Hkv, H // Hkv, D), keys, values,
+                o = F.scaled_dot_product_attention(queries.view(b, Hkv, H // Hkv, D), keys, values,
                                                    attn_mask=g.mask)
             else:
-                o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask,
+                o = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=g.mask,
                                                    is_causal=g.is_causal, enable_gqa=True).transpose(1, 2)
             o = o.reshape(b * t, H * D)  # flat order within the group
             if single:

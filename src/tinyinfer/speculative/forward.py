@@ -50,8 +50,7 @@ def forward_tokens(model, token_ids: list[int], start: int, cache: KVCache,
         hidden = model(ids, positions, cache, meta)
     else:  # the same steps as LlamaForCausalLM.forward, stopping after num_layers layers
         x = model.model.embed_tokens(ids)
-        cos = model.rope_cos[positions].unsqueeze(1).to(x.dtype)
-        sin = model.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        cos, sin = model.rope_at(positions, x.dtype)
         for layer in model.model.layers[:num_layers]:
             x = layer(x, cos, sin, cache, meta)
         hidden = model.model.norm(x)
