@@ -94,13 +94,17 @@ def main():
             tok = batch * args.new_tokens
             o, h = tok / min(ours), tok / min(theirs)
             bound = bw / weight_bytes  # steps/s if each step only read the weights once
-            rows.append((dtype, batch, o, h, o / h, o / batch / bound, h / batch / bound))
+            # Each repeat's pair of runs ran back to back; the spread of their ratios
+            # shows how much of a ratio is machine noise.
+            paired = sorted(t / u for u, t in zip(ours, theirs))
+            rows.append((dtype, batch, o, h, o / h, paired[0], paired[-1], o / batch / bound, h / batch / bound))
         del llm, hf
     print(f"\n{'dtype':9} {'batch':>5} {'tinyinfer tok/s':>16} {'transformers tok/s':>19} {'ratio':>6} "
-          f"{'tinyinfer % of BW bound':>24} {'transformers % of BW bound':>27}")
-    for d, b, o, h, r, fo, fh in rows:
-        print(f"{d:9} {b:5d} {o:16.1f} {h:19.1f} {r:6.2f} {fo:24.0%} {fh:27.0%}")
-    print("\n(% of BW bound: steps per second / (bandwidth / weight bytes); batch-1 decode "
+          f"{'pairs min-max':>14} {'tinyinfer % of BW bound':>24} {'transformers % of BW bound':>27}")
+    for d, b, o, h, r, lo, hi, fo, fh in rows:
+        print(f"{d:9} {b:5d} {o:16.1f} {h:19.1f} {r:6.2f} {f'{lo:.2f}-{hi:.2f}':>14} {fo:24.0%} {fh:27.0%}")
+    print("\n(ratio: best run against best run; pairs: the ratio within each repeat's back-to-back pair)")
+    print("(% of BW bound: steps per second / (bandwidth / weight bytes); batch-1 decode "
           "cannot beat 100% without reading fewer bytes)")
 
 
