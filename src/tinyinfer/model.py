@@ -104,7 +104,7 @@ class Attention(nn.Module):
         H, Hkv = self.num_heads, self.num_kv_heads
         # [B, T, H + 2*Hkv, D]: every token's query heads, then key heads, then
         # value heads. Kept token-major, the layout the projection produces and
-        # the cache stores, so no transposes are needed on the way.
+        # the paged cache stores, so nothing is reshuffled on the way there.
         qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim)
         # Queries and keys sit side by side, so one RoPE call rotates both.
         qk = apply_rope(qkv[:, :, : H + Hkv], cos, sin)
