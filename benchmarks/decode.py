@@ -1,6 +1,6 @@
 """Decode speed: tinyinfer vs transformers `generate` in one run, same weights.
 
-    python benchmarks/decode.py [--new-tokens 128] [--repeats 3] [--threads N] [--device cuda]
+    python benchmarks/decode.py [--new-tokens 128] [--repeats 3] [--threads N] [--device cuda] [--compile]
 
 For each dtype and batch size, both engines get the same 32-token prompt(s) and
 must write exactly --new-tokens tokens (EOS ignored), greedy. Reported tok/s is
@@ -9,6 +9,9 @@ best of --repeats runs, alternating the engines so machine noise hits both.
 Also prints the fraction of this machine's memory-bandwidth bound each reaches:
 at batch 1 every decode step must read all weights once, so
   bound tok/s = measured bandwidth / weight bytes.
+--compile runs tinyinfer with enforce_eager=False (decode steps through
+torch.compile); transformers stays eager. The warm-up, which then includes
+compiling, is timed separately and printed, never counted in tok/s.
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ def main():
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--compile", action="store_true", help="tinyinfer with enforce_eager=False")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.threads:
@@ -77,16 +81,19 @@ def main():
     folder = ensure_packaged_model()
     bw = measure_bandwidth(device)
     print(f"device {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}; "
-          f"measured read bandwidth {bw / 1e9:.1f} GB/s")
+          f"measured read bandwidth {bw / 1e9:.1f} GB/s; tinyinfer "
+          f"{'compiled (enforce_eager=False)' if args.compile else 'eager'}, transformers eager")
     rows = []
     for dtype in args.dtypes.split(","):
-        llm = LLM(dtype=dtype, device=args.device)
+        llm = LLM(dtype=dtype, device=args.device, enforce_eager=not args.compile)
         hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
         ids = llm.tokenizer.encode(PROMPT)[:32]
         weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
         for batch in map(int, args.batches.split(",")):
             BATCH = batch
-            time_tinyinfer(llm, ids, 8), time_transformers(hf, ids, 8)  # warm-up
+            warm = time_tinyinfer(llm, ids, 8)  # warm-up (and compiling, with --compile)
+            time_transformers(hf, ids, 8)
+            print(f"warm-up, {dtype} batch {batch}: tinyinfer {warm:.1f} s")
             ours, theirs = [], []
             for _ in range(args.repeats):
                 ours.append(time_tinyinfer(llm, ids, args.new_tokens))

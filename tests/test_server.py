@@ -353,5 +353,6 @@ def test_cli_arguments_default_to_localhost():
     args = p.parse_args(["--port", "9000", "--api-key", "k", "--max-waiting", "3", "--max-num-seqs", "4"])
     assert (args.host, args.port, args.api_key, args.max_waiting, args.max_num_seqs) == ("127.0.0.1", 9000, "k", 3, 4)
     assert args.max_num_batched_tokens == 512 and args.max_model_len is None
+    assert args.enforce_eager is True and p.parse_args(["--no-enforce-eager"]).enforce_eager is False
     with pytest.raises(ValueError, match="max_waiting"):
         build_app(object(), max_waiting=0)

@@ -26,7 +26,7 @@ from .weights import DEFAULT_MODEL
 class LLM:
     """Takes the same keyword arguments as LLMEngine (max_num_seqs,
     max_num_batched_tokens, block_size, kv_cache_memory_bytes, enable_prefix_caching,
-    scheduling, quantization, ...)."""
+    scheduling, quantization, enforce_eager, ...)."""
 
     def __init__(self, model: str = DEFAULT_MODEL, **engine_args):
         self.llm_engine = LLMEngine(model, **engine_args)

@@ -11,6 +11,10 @@ runs the model once, samples one token for every sequence that needs one, and
 reports who made progress. LLM.generate, LLM.stream and the HTTP server are all
 loops around step().
 
+enforce_eager=False (vLLM's name; vLLM compiles by default, tinyinfer does not,
+because compiling takes about a minute on a laptop CPU) runs decode steps
+through torch.compile: see model_runner.py.
+
 scheduling="static" is the baseline chapter 7 compares against: a batch of up
 to max_num_seqs requests starts together on a contiguous, max-length cache,
 right-padded, and nobody new joins until its longest member ends.
@@ -67,7 +71,7 @@ class LLMEngine:
                  block_size: int = 16, kv_cache_memory_bytes: int | None = None, num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  preemption_mode: str = "recompute", scheduling: str = "continuous", seed: int | None = None,
-                 quantization: str | None = None, group_size: int = 128):
+                 quantization: str | None = None, group_size: int = 128, enforce_eager: bool = True):
         # Check the cheap arguments before loading anything.
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -86,6 +90,11 @@ class LLMEngine:
             raise ValueError(f"preemption_mode={preemption_mode!r} is invalid: must be 'recompute' or 'swap'")
         if scheduling not in ("continuous", "static"):
             raise ValueError(f"scheduling={scheduling!r} is invalid: must be 'continuous' or 'static'")
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager={enforce_eager!r} is invalid: must be True or False")
+        if not enforce_eager and scheduling == "static":  # the static baseline stays as chapter 7 measures it
+            raise ValueError("enforce_eager=False is invalid with scheduling='static': compiled decode steps "
+                             "run on the paged cache; use scheduling='continuous'")
         folder = resolve_model(model)
         self.model_name = model
         self.model_config = read_config(folder)
@@ -107,7 +116,8 @@ class LLMEngine:
             from .quant import quantize_model
 
             quantize_model(model_, quantization, group_size)
-        self.runner = ModelRunner(model_, self.device, self.dtype, pad_token_id=self.eos_token_ids[0] if eos else 0)
+        self.runner = ModelRunner(model_, self.device, self.dtype, pad_token_id=self.eos_token_ids[0] if eos else 0,
+                                  enforce_eager=enforce_eager)
         self.kv_bytes_per_token = int(kv_bytes_per_token(self.model_config, torch.finfo(self.dtype).bits // 8))
         if num_kv_blocks is None:
             budget = kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES[self.device.type]

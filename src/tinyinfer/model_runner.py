@@ -10,8 +10,16 @@ Two ways to run a batch:
   b's prompt sits at positions 0..len_b-1 and each later token at the next
   position. Padding slots are never attended to, because a query only sees keys
   at positions <= its own (see model.causal_mask).
+
+enforce_eager=False (vLLM's switch) runs decode steps through a torch.compile'd
+model instead: the many small operators of a step (normalizations, rotations,
+residual adds, the SwiGLU product) are fused into a few generated kernels, so a
+step pays far fewer per-operator costs. Chapter 4 shows why those costs matter.
 """
 from __future__ import annotations
+
+import sys
+import warnings
 
 import torch
 
@@ -22,8 +30,11 @@ from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0):
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0,
+                 enforce_eager: bool = True):
         self.model = model
+        self.enforce_eager = enforce_eager
+        self._compiled_model = None  # made on the first decode step when enforce_eager is False
         self.config = model.config
         self.device = device
         self.dtype = dtype
@@ -53,7 +64,10 @@ class ModelRunner:
         meta = PagedAttentionMetadata.build(query_lens, context_lens, block_tables,
                                             self.paged_cache.block_size, self.device)
         input_ids = torch.tensor(ids, device=self.device)[None]
-        hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
+        if not self.enforce_eager and max(query_lens) == 1 and len(meta.groups) == 1:
+            hidden = self._run_compiled(input_ids, meta)
+        else:
+            hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
         ends = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's last new token
         sampling = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
         logits = self.model.compute_logits(hidden[ends[sampling].to(self.device)])
@@ -62,6 +76,34 @@ class ModelRunner:
             if seq.request_id in prompt_hidden_for:
                 extra[seq.request_id] = hidden[int(ends[b]) - n + 1 : int(ends[b]) + 1]
         return logits, [scheduled[b][0] for b in sampling], extra
+
+    def _run_compiled(self, input_ids, meta):
+        try:
+            return self.compiled_model()(input_ids, meta.positions, self.paged_cache, meta)[0]
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # e.g. no C++ compiler: say so, carry on eagerly
+            cause = getattr(e, "inner_exception", None) or e
+            first_line = (str(cause).splitlines() or [""])[0]
+            warnings.warn(f"enforce_eager=False: torch.compile failed ({type(cause).__name__}: {first_line}); "
+                          "running eagerly instead", RuntimeWarning, stacklevel=2)
+            self.enforce_eager = True
+            return self.model(input_ids, meta.positions, self.paged_cache, meta)[0]
+
+    def compiled_model(self):
+        """The model compiled for decode steps (every sequence adds one token, one
+        attention group): the steady state of generation, and the step that is
+        run hundreds of times. A compiled graph is specialised to the Python
+        branches it took (query lengths, groups, mask or none); decode steps
+        take the same ones every time, so they compile once, with the batch size
+        and context length left symbolic (PyTorch compiles batch 1 separately,
+        and a batch whose contexts differ, which needs a mask, once more).
+        Prompt and mixed steps vary in shape at every step and would keep
+        recompiling, so they stay eager. vLLM's FULL_DECODE_ONLY CUDA-graph mode
+        draws the same line: whole-step graphs for decode-only batches only."""
+        if self._compiled_model is None:
+            print("tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; each new kind "
+                  "of step (batch 1, larger batches) compiles once, about a minute on a CPU", file=sys.stderr)
+            self._compiled_model = torch.compile(self.model, dynamic=True)
+        return self._compiled_model
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], all_positions: bool = False):

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=16, help="most requests in one batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="most tokens in one step")
     p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="--no-enforce-eager compiles decode steps with torch.compile: faster steps after "
+                        "about a minute of compiling on the first requests")
     p.add_argument("--log-level", default="info")
 
 
@@ -45,7 +48,8 @@ def run(args) -> int:
     if not (1 <= args.port <= 65535):
         raise ValueError(f"--port={args.port} is invalid: must be in [1, 65535]")
     engine = LLMEngine(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       enforce_eager=args.enforce_eager)
     app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
                     model_name=args.served_model_name or args.model)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

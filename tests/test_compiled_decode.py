@@ -1,0 +1,52 @@
+"""enforce_eager=False: decode steps run a torch.compile'd model and must write
+exactly the tokens the eager engine writes (greedy, fp32), at batch 1 and in a
+batch whose sequences have different lengths (the masked decode path)."""
+import pytest
+
+from tinyinfer import LLM, SamplingParams
+
+PROMPTS = ["The capital of France is", "A recipe for bread starts with flour, water and"]  # 5 and 10 tokens
+
+
+def test_enforce_eager_is_checked_before_loading():
+    with pytest.raises(ValueError, match="enforce_eager=1 is invalid"):
+        LLM(enforce_eager=1)
+    with pytest.raises(ValueError, match="scheduling='static'"):
+        LLM(enforce_eager=False, scheduling="static")
+
+
+@pytest.mark.slow
+def test_compiled_decode_writes_the_eager_tokens(llm):
+    compiled = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", enforce_eager=False)
+    runner = compiled.runner
+    batch_sizes = []  # batch size of every step that ran the compiled model
+    execute, compiled_model = runner.execute, runner.compiled_model
+
+    def spy_execute(scheduled, *args):
+        runner.compiled_model = lambda: batch_sizes.append(len(scheduled)) or compiled_model()
+        return execute(scheduled, *args)
+
+    runner.execute = spy_execute
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    for prompts in (PROMPTS[:1], PROMPTS):
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        got = [o.outputs[0].token_ids for o in compiled.generate(prompts, params)]
+        assert got == want, prompts
+    # Every decode step compiled, prefills eager: 7 steps at batch 1, then 7 at batch 2.
+    assert batch_sizes == [1] * 7 + [2] * 7
+
+
+@pytest.mark.slow
+def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(llm):
+    import torch
+
+    def no_compiler(gm, example_inputs):  # stands in for a machine without a C++ compiler
+        raise RuntimeError("no C++ compiler found")
+
+    engine = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", enforce_eager=False)
+    engine.runner._compiled_model = torch.compile(engine.runner.model, backend=no_compiler)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed.*no C\\+\\+ compiler"):
+        got = engine.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
+    assert got == llm.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
+    assert engine.runner.enforce_eager  # later steps do not try again
