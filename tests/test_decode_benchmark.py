@@ -1,6 +1,6 @@
 """benchmarks/decode.py runs end to end and prints one well-formed row per setting.
 
-Tiny settings (4 new tokens, one repeat): this checks that the benchmark works,
+Tiny settings (4 new tokens, two repeats): this checks that the benchmark works,
 not how fast anything is (speed is never asserted in tests)."""
 import re
 import subprocess
