@@ -171,3 +171,48 @@ def test_matmul_intensity():
         assert hw.arithmetic_intensity(1, 4096, 4096, b) == pytest.approx(2 / b, rel=1e-3)
     # square matrix-matrix: 2n / (3 * bytes_per_value)
     assert hw.arithmetic_intensity(4096, 4096, 4096, 2) == pytest.approx(2 * 4096 / 6)
+
+
+# --- tensor parallelism: the one cost model the book uses (hand-computed values) ----
+
+NVLINK = hw.Link("test link", bandwidth=450e9, latency=3e-6)
+
+
+def test_allreduce_time_is_a_ring_by_hand():
+    assert hw.allreduce_time(16384, 1, NVLINK) == 0.0
+    # 2 GPUs: 2 steps of (3 us + 8192 B / 450 GB/s) = 2 * (3e-6 + 18.204e-9)
+    assert hw.allreduce_time(16384, 2, NVLINK) == pytest.approx(6.03641e-6, rel=1e-5)
+    # 8 GPUs: 14 steps of (3 us + 2048 B / 450 GB/s) = 14 * 3.0045511e-6
+    assert hw.allreduce_time(16384, 8, NVLINK) == pytest.approx(42.06372e-6, rel=1e-5)
+    with pytest.raises(ValueError, match="n=0"):
+        hw.allreduce_time(16384, 0, NVLINK)
+
+
+def test_tensor_parallel_step_70b_on_eight_h100s_by_hand():
+    """The 70B example of chapters 8 and 9 and the misconceptions page: 140 GB of
+    weights over 8 GPUs at 3.35 TB/s is 41.791 ms / 8 = 5.2239 ms of reading; 160
+    all-reduces of one 16-bit 8192-vector, 42.0637 us each, add 6.7302 ms."""
+    step = hw.tensor_parallel_step(70e9, 80, 8192, 8, NVLINK, H100)
+    assert step.compute == pytest.approx(5.22388e-3, rel=1e-5)
+    assert step.communication == pytest.approx(6.73020e-3, rel=1e-5)
+    assert step.total == pytest.approx(11.95408e-3, rel=1e-5)
+    one = hw.tensor_parallel_step(70e9, 80, 8192, 1, NVLINK, H100)
+    assert one.communication == 0 and one.total == pytest.approx(41.791e-3, rel=1e-4)
+
+
+def test_tensor_parallel_step_prefill_is_compute_bound_and_messages_grow():
+    """A 2,000-token prefill: 2 x 70e9 x 2000 FLOPs / 989 TFLOP/s = 283.12 ms on
+    one GPU, 70.78 ms each on 4; each all-reduce sums 2000 x 8192 x 2 bytes."""
+    step = hw.tensor_parallel_step(70e9, 80, 8192, 4, NVLINK, H100, new_tokens=2000)
+    assert step.compute == pytest.approx(2 * 70e9 * 2000 / 989e12 / 4, rel=1e-9)
+    ring = 6 * (3e-6 + 2000 * 8192 * 2 / 4 / 450e9)
+    assert step.communication == pytest.approx(160 * ring, rel=1e-9)
+
+
+def test_datasheet_chips_run_through_the_roofline():
+    """Decode of 140 GB at batch 1 is bandwidth-bound on every chip listed."""
+    for chip in hw.CHIPS.values():
+        assert chip.name in hw.CHIP_SOURCES
+        t = hw.forward_cost(70e9, bytes_per_param=2).time(chip.roofline)
+        assert t == pytest.approx(140e9 / chip.roofline.bandwidth, rel=1e-9)
+    assert hw.CHIPS["H200 SXM"].roofline.bandwidth == 4.8e12

@@ -259,3 +259,112 @@ def format_bandwidth(bytes_per_s: float) -> str:
 def format_flops(flops_per_s: float) -> str:
     """'250 GFLOP/s' or '989 TFLOP/s'."""
     return _si(flops_per_s, "FLOP/s", "GT")
+
+
+# ------------------------------------------------------------------ chips from datasheets
+#
+# Published peak figures (vendor datasheets, per GPU, SXM boards). Peaks, not
+# what a real kernel reaches: chapter 4 measures how far below the peak real
+# code runs. Dense BF16 arithmetic is half the "with sparsity" figure that
+# datasheets print first.
+
+CHIP_SOURCES = {
+    "H100 SXM": "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3, 3.35 TB/s, 1,979 TFLOP/s BF16 with sparsity)",
+    "H200 SXM": "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s, 1,979 TFLOP/s BF16 with sparsity)",
+    "B200 (HGX/DGX)": "https://www.nvidia.com/en-us/data-center/dgx-b200/ (8 GPUs: 1,440 GB HBM3e, 64 TB/s; "
+                      "HGX B200: 4.5 PFLOP/s FP16/BF16 with sparsity per GPU)",
+}
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One accelerator's datasheet: memory capacity, and its roofline."""
+
+    name: str
+    memory_bytes: float
+    roofline: Roofline
+
+
+CHIPS = {
+    "H100 SXM": Chip("H100 SXM", 80e9, Roofline(989e12, 3.35e12, "H100 SXM, BF16 dense")),
+    "H200 SXM": Chip("H200 SXM", 141e9, Roofline(989e12, 4.8e12, "H200 SXM, BF16 dense")),
+    "B200 (HGX/DGX)": Chip("B200 (HGX/DGX)", 180e9, Roofline(2250e12, 8e12, "B200, BF16 dense")),
+}
+
+
+# ------------------------------------------------------------------ tensor parallelism: one cost model
+
+
+@dataclass(frozen=True)
+class Link:
+    """A connection between GPUs: bandwidth in one direction, and the fixed
+    latency that every step of a collective pays (launch, synchronization, wire)."""
+
+    name: str
+    bandwidth: float  # bytes/s, one direction, per GPU
+    latency: float  # seconds per step of an all-reduce
+
+
+# Assumed round numbers of the right order for three kinds of connection, not measurements.
+LINKS = {
+    "nvlink": Link("GPU-to-GPU links in one server (NVLink-class)", 450e9, 3e-6),
+    "pcie": Link("PCIe", 25e9, 10e-6),
+    "network": Link("100 Gbit/s network between servers", 12.5e9, 20e-6),
+}
+
+
+def allreduce_time(nbytes: float, n: int, link: Link) -> float:
+    """Seconds to sum an `nbytes` message across `n` GPUs with a ring all-reduce.
+
+    The ring takes 2(n - 1) steps (n - 1 to reduce, n - 1 to share the result);
+    in each, every GPU sends nbytes / n to its neighbour and pays the link's
+    latency once. So the bytes each GPU sends, 2(n - 1)/n x nbytes, hardly grow
+    with n, but the latency term grows in proportion to n.
+
+    Caveat: this is the textbook ring. Collective libraries (NCCL, and vLLM's
+    custom all-reduce) pick other algorithms for the small messages of decode:
+    trees, which take about 2 log2(n) steps, or a "one-shot" exchange in which
+    every GPU reads the others' data at once over an NVSwitch. Measured
+    all-reduce latency therefore grows much more slowly with n than 2(n - 1)
+    steps, so read this model's growth with n as pessimistic; its lesson, that
+    the latency of many small all-reduces caps tensor parallelism's speed-up and
+    slow links reverse it, holds either way."""
+    if n < 1:
+        raise ValueError(f"n={n} is invalid: the number of GPUs must be at least 1")
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * (link.latency + nbytes / n / link.bandwidth)
+
+
+@dataclass(frozen=True)
+class TensorParallelStep:
+    """Seconds of one forward step split over n GPUs: each GPU's share of the
+    roofline time, and the all-reduces between them."""
+
+    n: int
+    compute: float
+    communication: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.communication
+
+
+def tensor_parallel_step(params: float, num_layers: int, hidden_size: int, n: int, link: Link,
+                         roofline: Roofline, batch: int = 1, new_tokens: int = 1,
+                         bytes_per_param: float = 2, activation_bytes: float = 2) -> TensorParallelStep:
+    """The course's one cost model of tensor parallelism (Megatron-style).
+
+    Assumptions, all stated:
+    - every weight matrix is cut into n equal slices, so each GPU reads 1/n of
+      the weights and does 1/n of the arithmetic: its share of the step is the
+      roofline's bound on the whole step (`forward_cost(...).time(roofline)`)
+      divided by n; the KV cache and activations are left out, as in forward_cost;
+    - each layer ends its attention block and its MLP with an all-reduce of the
+      activations, batch x new_tokens x hidden_size values of `activation_bytes`
+      each: 2 x num_layers all-reduces per step, each a ring (`allreduce_time`);
+    - compute and communication do not overlap (engines overlap some of it).
+    See allreduce_time for how real collectives differ from the ring."""
+    compute = forward_cost(params, batch, new_tokens, bytes_per_param=bytes_per_param).time(roofline) / n
+    message = batch * new_tokens * hidden_size * activation_bytes
+    return TensorParallelStep(n, compute, 2 * num_layers * allreduce_time(message, n, link))
