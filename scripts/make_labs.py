@@ -50,6 +50,10 @@ METADATA = {
 
 
 COLAB_MARKER = '"google.colab" in sys.modules'
+# Packages a lab may import that are neither tinyinfer's own dependencies nor
+# preinstalled in Colab (pyproject.toml's `lab` extra): the install cell adds
+# each one that the lab imports. Import name -> pip requirement.
+COLAB_EXTRA_REQUIREMENTS = {"openai": "openai>=1.40"}
 COLAB_BADGE_SVG = "https://colab.research.google.com/assets/colab-badge.svg"
 
 
@@ -70,8 +74,18 @@ def colab_url(lab_name: str, repo: dict) -> str:
     return f"https://colab.research.google.com/github/{owner_repo}/blob/{repo['branch']}/{path}"
 
 
-def colab_cells(lab_name: str, repo: dict) -> list:
-    """The badge cell and the install cell that open every lab."""
+def lab_imports(nb) -> set[str]:
+    """Top-level package names that the notebook's code cells import."""
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            names.update(re.findall(r"^\s*(?:import|from)\s+(\w+)", cell.source, re.M))
+    return names
+
+
+def colab_cells(lab_name: str, repo: dict, extra: list[str] = ()) -> list:
+    """The badge cell and the install cell that open every lab; `extra`: more
+    pip requirements the lab needs, installed alongside the course."""
     badge = nbformat.v4.new_markdown_cell(
         f"[![Open In Colab]({COLAB_BADGE_SVG})]({colab_url(lab_name, repo)})",
         id="colab-badge", metadata={"tags": ["remove-cell"]})
@@ -83,7 +97,8 @@ def colab_cells(lab_name: str, repo: dict) -> list:
         "import sys",
         "",
         f"if {COLAB_MARKER}:",
-        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",",
+                "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\","
+        + "".join(f" \"{r}\"," for r in extra),
         f"                    \"tinyinfer @ git+{repo['url']}@{repo['branch']}\"], check=True)",
         "    subprocess.run([sys.executable, \"-m\", \"tinyinfer\", \"fetch\"], check=True)",
     ]), id="colab-install")
@@ -96,7 +111,8 @@ def add_colab_cells(lab, lab_name: str, repo: dict) -> None:
                  if not (cell.cell_type == "code" and COLAB_MARKER in cell.source)
                  and cell.get("id") not in {"colab-badge", "colab-install"}]
     at = 1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0
-    lab.cells[at:at] = colab_cells(lab_name, repo)
+    extra = [req for name, req in COLAB_EXTRA_REQUIREMENTS.items() if name in lab_imports(lab)]
+    lab.cells[at:at] = colab_cells(lab_name, repo, extra)
 
 
 def has_tag(cell, tag: str) -> bool:

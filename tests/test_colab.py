@@ -128,3 +128,18 @@ def test_colab_cells_follow_the_config(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump({"repository": {"url": "https://example.com/not-github"}}))
     with pytest.raises(ValueError, match="repository.url"):
         make_labs.repository(config)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
+def test_colab_install_covers_what_the_lab_imports(lab: Path) -> None:
+    """A package the lab imports that tinyinfer does not depend on (openai, in
+    lab 8) is installed in Colab too, before the course."""
+    make_labs = make_labs_module()
+    nb = nbformat.read(lab, as_version=4)
+    commands, _ = run_install_cell(install_cell(nb).source, in_colab=True)
+    pip = commands[0]
+    for name, requirement in make_labs.COLAB_EXTRA_REQUIREMENTS.items():
+        imported = name in make_labs.lab_imports(nb)
+        assert (requirement in pip) == imported, f"{lab.name}: imports {name}: {imported}; pip: {pip}"
+    if lab.stem == "08-fleets":
+        assert "openai>=1.40" in pip
