@@ -6,7 +6,10 @@ Conventions in a solution notebook:
   the answer. In the lab they become `# YOUR CODE HERE` and a
   `raise NotImplementedError(...)` at the marker's indentation; everything
   outside the markers (imports, signature, docstring) is kept.
-- The next code cell is tagged `check`. It calls tinyinfer.labcheck and its
+- A code cell tagged `prediction` holds "predict, then measure" prompts: lines
+  `name = value  # comment`. In the lab each value becomes None, so the reader
+  writes their own number before running the measurement that follows.
+- The next code cell (after an exercise) is tagged `check`. It calls tinyinfer.labcheck and its
   last statement is the check call, or `name = <check call>`; tests read that
   bool. Exercise and check cells are plain Python (no magics) and
   self-contained: an exercise cell imports what it uses, and a check cell uses
@@ -182,9 +185,22 @@ def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_na
         cell.outputs, cell.execution_count = [], None
         if "exercise" in tags:
             cell.source = stub_source(cell.source, f"{where} cell {i}")
+        elif "prediction" in tags:
+            cell.source = blank_predictions(cell.source, f"{where} cell {i}")
         elif BEGIN in cell.source or END in cell.source:
             raise ValueError(f"{where} cell {i}: solution markers outside an 'exercise' cell would leak")
     return lab
+
+
+PREDICTION_LINE = re.compile(r"^(\s*\w+\s*=\s*)([^#\n]*?)(\s*#.*)?$", re.M)
+
+
+def blank_predictions(source: str, where: str) -> str:
+    """`name = 3.5  # why` -> `name = None  # why`, for every assignment line."""
+    out, n = PREDICTION_LINE.subn(lambda m: m.group(1) + "None" + (m.group(3) or ""), source)
+    if n == 0:
+        raise ValueError(f"{where}: a 'prediction' cell needs lines `name = value`")
+    return out
 
 
 def notebook_text(nb) -> str:

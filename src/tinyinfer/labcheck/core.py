@@ -68,3 +68,21 @@ def _short(value) -> str:
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 5] + " ...]"
 
 
+
+
+def compare_prediction(predicted, measured: float, what: str, unit: str = "") -> float | None:
+    """Print the reader's prediction beside the measurement (for the labs'
+    "predict, then measure" prompts) and return measured / predicted, or None
+    when no prediction was written. Never raises: a missing or odd prediction
+    just gets a reminder."""
+    unit = f" {unit}" if unit else ""
+    try:
+        predicted = float(predicted)
+    except (TypeError, ValueError):
+        print(f"{what}: measured {measured:.3g}{unit}. (Write your prediction as a number in the cell "
+              "before the measurement, then run both again.)")
+        return None
+    ratio = measured / predicted if predicted else float("inf")
+    print(f"{what}: you predicted {predicted:.3g}{unit}, measured {measured:.3g}{unit} "
+          f"(measured / predicted = {ratio:.2f})")
+    return ratio
