@@ -173,3 +173,52 @@ def test_checks_never_raise(check, garbage, capsys):
 
 # Running each notebook top to bottom is tests/test_notebooks.py's job (nbval):
 # strict on solutions (their stored ✓ outputs must reappear), lax on labs.
+
+
+# ------------------------------------------------------------- predict, then measure
+
+# Labs 1-9 each ask the reader for at least one number before a measurement
+# (issue 15). A later lab joins this list once it has a prompt of its own.
+PREDICTING_LABS = [p for p in SOLUTIONS if p.stem[:2] in {f"{n:02d}" for n in range(1, 10)}]
+
+
+@pytest.mark.parametrize("path", PREDICTING_LABS, ids=lambda p: p.stem)
+def test_prediction_prompts_are_blank_in_the_lab_and_compared_after(path):
+    """The solution holds a number, the lab holds None in its place, and a later
+    code cell prints the prediction beside the measurement."""
+    solution = nbformat.read(path, as_version=4)
+    lab = nbformat.read(ROOT / "labs" / path.name, as_version=4)
+    cells = [c for c in solution.cells if c.cell_type == "code" and "prediction" in c.metadata.get("tags", [])]
+    assert cells, f"{path.name}: no cell tagged 'prediction'"
+    lab_cells = [c for c in lab.cells if c.cell_type == "code" and "prediction" in c.metadata.get("tags", [])]
+    assert len(lab_cells) == len(cells)
+    later = "\n".join(c.source for c in solution.cells[solution.cells.index(cells[-1]) + 1:] if c.cell_type == "code")
+    for cell, lab_cell in zip(cells, lab_cells):
+        names = {}
+        exec(compile(cell.source, "<prediction>", "exec"), {}, names)
+        assert names and all(isinstance(v, (int, float)) for v in names.values()), names
+        lab_names = {}
+        exec(compile(lab_cell.source, "<lab prediction>", "exec"), {}, lab_names)
+        assert lab_names == {name: None for name in names}, lab_cell.source
+        for name in names:
+            assert f"compare_prediction({name}" in later, f"{path.name}: {name} is never compared"
+
+
+def test_blank_predictions_keeps_comments_and_refuses_empty_cells():
+    out = make_labs.blank_predictions("# guess first\nx = 4.0  # ratio\ny=2", "t")
+    assert out == "# guess first\nx = None  # ratio\ny=None"
+    with pytest.raises(ValueError, match="prediction"):
+        make_labs.blank_predictions("# only a comment", "t")
+
+
+def test_compare_prediction_never_raises(capsys):
+    labcheck.compare_prediction(None, 3.0, "x")
+    assert "Write your prediction" in capsys.readouterr().out
+    labcheck.compare_prediction("abc", 3.0, "x")
+    assert "Write your prediction" in capsys.readouterr().out
+    labcheck.compare_prediction(2, 3.0, "x", "ms")
+    assert capsys.readouterr().out == "x: you predicted 2 ms, measured 3 ms (measured / predicted = 1.50)\n"
+    labcheck.compare_prediction(46080, 46080, "bytes")
+    assert "you predicted 46,080, measured 46,080 (measured / predicted = 1.00)" in capsys.readouterr().out
+    labcheck.compare_prediction(0, 3.0, "x")
+    assert "= -)" in capsys.readouterr().out

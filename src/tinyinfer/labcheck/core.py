@@ -70,19 +70,22 @@ def _short(value) -> str:
 
 
 
-def compare_prediction(predicted, measured: float, what: str, unit: str = "") -> float | None:
-    """Print the reader's prediction beside the measurement (for the labs'
-    "predict, then measure" prompts) and return measured / predicted, or None
-    when no prediction was written. Never raises: a missing or odd prediction
-    just gets a reminder."""
+def _number(x: float) -> str:
+    """3 significant digits, but whole numbers with thousands separators (46,080)."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def compare_prediction(predicted, measured: float, what: str, unit: str = "") -> None:
+    """Print the reader's prediction beside the measurement, for the labs'
+    "predict, then measure" prompts, with their ratio. Never raises: a missing
+    or odd prediction just gets a reminder."""
     unit = f" {unit}" if unit else ""
     try:
         predicted = float(predicted)
     except (TypeError, ValueError):
-        print(f"{what}: measured {measured:.3g}{unit}. (Write your prediction as a number in the cell "
+        print(f"{what}: measured {_number(measured)}{unit}. (Write your prediction as a number in the cell "
               "before the measurement, then run both again.)")
-        return None
-    ratio = measured / predicted if predicted else float("inf")
-    print(f"{what}: you predicted {predicted:.3g}{unit}, measured {measured:.3g}{unit} "
-          f"(measured / predicted = {ratio:.2f})")
-    return ratio
+        return
+    ratio = f"{measured / predicted:.2f}" if predicted else "-"
+    print(f"{what}: you predicted {_number(predicted)}{unit}, measured {_number(measured)}{unit} "
+          f"(measured / predicted = {ratio})")
