@@ -91,7 +91,7 @@ def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_rep
             except Exception as e:
                 if on_error == "stop":
                     break
-                content = f"error: {e}"  # on_error == "short": the type is missing
+                content = f"error: {e}" if on_error == "short" else f"error: {type(e).__name__}: {e}"
         transcript.append({"role": tool_role, "content": content})
         if stop_after_tool:
             r.answer = content
@@ -180,7 +180,8 @@ def _costs(steps, price, *, mixed=False, mean_rate=False, per_hour=False, per_to
         else:
             rate = sum(s[mine] for s in pure) / sum(s["step_time_s"] for s in pure)
         out[f"{kind}_tokens_per_s"] = rate
-        out[f"{kind}_per_million"] = (per_second / rate * (1 if per_token else 1e6)) if rate else (0.0 if zero else None)
+        scale = 1 if per_token else 1e6
+        out[f"{kind}_per_million"] = per_second / rate * scale if rate else (0.0 if zero else None)
     if swap:
         out["input_per_million"], out["output_per_million"] = out["output_per_million"], out["input_per_million"]
     return out

@@ -148,16 +148,17 @@ class _AgentOutcome:
     input_after: list  # the caller's messages after the call (must be unchanged)
 
     def __repr__(self) -> str:
-        def roles(ms):
+        def roles(ms):  # compact: a failure line shows at most MAX_SHOWN characters
             try:
-                return "[" + ", ".join(f"{m['role']}: {str(m['content'])[:28]!r}" for m in ms) + "]"
+                return "[" + ", ".join(f"{m['role']}: {str(m['content'])[:14]!r}" for m in ms) + "]"
             except Exception:
-                return repr(ms)[:120]
-        return (f"answer={self.answer!r}, passes={self.passes}, tool_calls={self.tool_calls}, "
-                f"prompt_tokens={self.prompt_tokens}, output_tokens={self.output_tokens},\n"
-                f"             messages={roles(self.messages)},\n"
-                f"             the model was shown {len(self.shown)} conversations, the last: "
-                f"{roles(self.shown[-1]) if self.shown else '-'}; caller's list after: {len(self.input_after)} messages")
+                return repr(ms)[:80]
+        shown = [len(ms) for ms in self.shown]
+        answer = self.answer if self.answer is None else str(self.answer)[:24]
+        return (f"answer={answer!r}, passes={self.passes}, tool_calls={self.tool_calls}, "
+                f"tokens in/out={self.prompt_tokens}/{self.output_tokens}, caller's list after the call: "
+                f"{len(self.input_after)} messages, model shown conversations of {shown} messages, "
+                f"messages={roles(self.messages)}")
 
 
 def _expected_agent(question, script, max_passes, tool_messages, answer) -> _AgentOutcome:
