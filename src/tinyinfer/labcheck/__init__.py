@@ -4,6 +4,10 @@ One module per lab; every public `check_*` and `reference_*` is re-exported here
 so notebooks write `labcheck.check_bpe_encode_piece(fn)` whatever the lab.
 """
 from .core import Case, _report, compare_prediction  # noqa: F401
+from .beyond import (  # noqa: F401
+    check_parse_tool_call, check_run_agent, check_select_context, check_token_costs, reference_parse_tool_call,
+    reference_run_agent, reference_select_context, reference_token_costs,
+)
 from .batching import ReferenceBlockAllocator, check_block_allocator  # noqa: F401
 from .attention import check_causal_gqa_attention, check_rope, reference_causal_gqa_attention, reference_rope  # noqa: F401
 from .fleets import check_p95_and_goodput, check_power_of_two, reference_p95_and_goodput, reference_power_of_two  # noqa: F401

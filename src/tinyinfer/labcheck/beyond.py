@@ -1,0 +1,306 @@
+"""Lab 10 (beyond one reply): checks for reading a tool call, the agent loop,
+a context selector, and cost per token from a step log.
+
+Every expected value here is written out by hand (or, for the agent loop,
+assembled from each case's script), never computed by the function under test
+or by the engine's own version of it."""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+from .core import Case, _report
+
+# ---------------------------------------------------------------- references (the engine's own)
+
+
+def reference_parse_tool_call(text):
+    """The course's answer to lab 10's parse_tool_call exercise."""
+    from ..tools import parse_tool_call
+
+    return parse_tool_call(text)
+
+
+def reference_run_agent(generate, tools, messages, max_passes=4):
+    """The course's answer to lab 10's run_agent exercise."""
+    from ..tools import run_agent
+
+    return run_agent(generate, tools, messages, max_passes)
+
+
+def reference_select_context(chunks, question, budget_tokens, count_tokens):
+    """The course's answer to lab 10's select_context exercise."""
+    from ..context import select_context
+
+    return select_context(chunks, question, budget_tokens, count_tokens)
+
+
+def reference_token_costs(steps, price_per_hour):
+    """The course's answer to lab 10's token_costs exercise."""
+    from ..cost import token_costs
+
+    return token_costs(steps, price_per_hour)
+
+
+# ---------------------------------------------------------------- exercise 1: parse a tool call
+
+_CALLS = [  # text, expected (name, arguments) or None, what it is
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+     ("get_weather", {"city": "Paris"}), "a complete call"),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+     ("get_weather", {"city": "Oslo"}), "generation stopped on </tool_call>, so the closing tag is missing"),
+    ('Let me look.\n<tool_call>\n  {"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+     ("add", {"a": 2, "b": 3}), "prose before the call, line breaks around the JSON"),
+    ('<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}} and then some words',
+     ("get_time", {"zone": "UTC"}), "text after the JSON object"),
+    ('<tool_call>{"name": "now"}</tool_call>', ("now", {}), "no arguments: an empty dict"),
+    ('<tool_call>{"name": "first", "arguments": {}}</tool_call><tool_call>{"name": "second"}</tool_call>',
+     ("first", {}), "two calls: the first one only"),
+    ("The capital of France is Paris.", None, "a plain answer"),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None, "JSON without the <tool_call> tag"),
+    ("<tool_call>get_weather(city='Paris')</tool_call>", None, "not JSON"),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Par', None, "cut off in the middle of the JSON"),
+    ('<tool_call>["get_weather", "Paris"]</tool_call>', None, "JSON, but not an object"),
+    ('<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', None, "no name"),
+    ('<tool_call>{"name": "", "arguments": {}}</tool_call>', None, "an empty name"),
+    ('<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>', None, "arguments that are not an object"),
+]
+
+
+def _as_call(got):
+    """A ToolCall-like result as (name, arguments), or the value itself."""
+    if got is None:
+        return None
+    name, arguments = getattr(got, "name", got), getattr(got, "arguments", None)
+    return (name, arguments) if isinstance(name, str) else got
+
+
+def check_parse_tool_call(fn) -> bool:
+    """fn(text) -> ToolCall(name, arguments) for the first well-formed call, else None."""
+    def cases():
+        return [Case((text,), want, f"text={text!r}  ({note})") for text, want, note in _CALLS]
+    return _report("parse_tool_call", lambda text: _as_call(fn(text)), cases)
+
+
+# ---------------------------------------------------------------- exercise 2: the agent loop
+
+
+def _call(name: str, **arguments) -> str:
+    import json
+
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def _weather(city):
+    return {"Paris": "Paris: 18 °C, light rain", "Oslo": "Oslo: -3 °C, snow"}.get(city, f"{city}: no data")
+
+
+def _add(a, b):
+    return a + b
+
+
+def _tool_error(fn, **arguments) -> str:
+    """The message run_agent must append when a tool raises (computed by calling the tool here)."""
+    try:
+        fn(**arguments)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}"
+    raise AssertionError("the tool was expected to raise")
+
+
+_TOOLS = {"get_weather": _weather, "add": _add}
+_USER = {"role": "user", "content": "What is the weather in Paris?"}
+_SYSTEM = {"role": "system", "content": "You can call get_weather and add."}
+
+# question, [(reply text, prompt tokens, output tokens)], max_passes, the tool messages
+# expected after each tool-calling pass, the expected answer, what the case is.
+_AGENT_CASES = [
+    ([_USER], [("It rains in Paris.", 30, 6)], 4, [], "It rains in Paris.",
+     "the model answers at once: one pass, no tool"),
+    ([_SYSTEM, _USER], [(_call("get_weather", city="Paris"), 41, 17), ("Light rain, 18 °C.", 70, 8)], 4,
+     ["Paris: 18 °C, light rain"], "Light rain, 18 °C.", "one tool call, then the answer"),
+    ([_USER], [(_call("get_weather", city="Paris"), 30, 17), (_call("get_weather", city="Oslo"), 60, 17),
+               ("Paris is warmer.", 90, 5)], 4,
+     ["Paris: 18 °C, light rain", "Oslo: -3 °C, snow"], "Paris is warmer.", "two calls, then the answer"),
+    ([_USER], [("Checking. " + _call("add", a=2, b=40), 25, 20), ("42", 55, 2)], 4, ["42"], "42",
+     "a call after some prose; the tool returns an int (the message holds str(result))"),
+    ([_USER], [(_call("get_news", topic="rain"), 30, 15), ("I cannot look that up.", 50, 7)], 4,
+     ["error: unknown tool 'get_news'"], "I cannot look that up.", "an unknown tool: tell the model, go on"),
+    ([_USER], [(_call("add", a=1), 30, 12), ("Sorry.", 60, 3)], 4, [_tool_error(_add, a=1)], "Sorry.",
+     "a tool that raises (a missing argument): its error becomes the tool message"),
+    ([_USER], [(_call("get_weather", city="Paris"), 30, 17)] * 3, 3,
+     ["Paris: 18 °C, light rain"] * 3, None, "max_passes=3 reached, still calling tools: no answer"),
+    ([_USER], [('<tool_call>{"name": "get_weather", "arguments": {"city": ', 30, 14)], 4, [],
+     '<tool_call>{"name": "get_weather", "arguments": {"city": ', "a malformed call is not a call: it is the answer"),
+]
+
+
+@dataclass
+class _AgentOutcome:
+    answer: object
+    passes: object
+    tool_calls: object
+    prompt_tokens: object
+    output_tokens: object
+    messages: object  # the transcript the result holds
+    shown: list  # what the model was shown at each pass
+    input_after: list  # the caller's messages after the call (must be unchanged)
+
+    def __repr__(self) -> str:
+        def roles(ms):  # compact: a failure line shows at most MAX_SHOWN characters
+            try:
+                return "[" + ", ".join(f"{m['role']}: {str(m['content'])[:14]!r}" for m in ms) + "]"
+            except Exception:
+                return repr(ms)[:80]
+        shown = [len(ms) for ms in self.shown]
+        answer = self.answer if self.answer is None else str(self.answer)[:24]
+        return (f"answer={answer!r}, passes={self.passes}, tool_calls={self.tool_calls}, "
+                f"tokens in/out={self.prompt_tokens}/{self.output_tokens}, caller's list after the call: "
+                f"{len(self.input_after)} messages, model shown conversations of {shown} messages, "
+                f"messages={roles(self.messages)}")
+
+
+def _expected_agent(question, script, max_passes, tool_messages, answer) -> _AgentOutcome:
+    """What the loop must produce, assembled from the case's script: each pass
+    appends the model's reply and, if it called a tool, the tool's message."""
+    transcript, shown = [dict(m) for m in question], []
+    passes = min(len(script), max_passes)
+    for n in range(passes):
+        shown.append([dict(m) for m in transcript])
+        transcript.append({"role": "assistant", "content": script[n][0]})
+        if n < len(tool_messages):
+            transcript.append({"role": "tool", "content": tool_messages[n]})
+    return _AgentOutcome(answer, passes, len(tool_messages), sum(s[1] for s in script[:passes]),
+                         sum(s[2] for s in script[:passes]), transcript, shown, [dict(m) for m in question])
+
+
+def _run_agent_case(fn):
+    def run(question, script, max_passes):
+        from ..tools import ModelReply
+
+        shown = []
+
+        def generate(messages):  # a scripted model that remembers what it was shown
+            shown.append([dict(m) for m in messages])
+            if len(shown) > len(script):
+                raise RuntimeError(f"the script has only {len(script)} replies")
+            return ModelReply(*script[len(shown) - 1])
+
+        caller = [dict(m) for m in question]
+        result = fn(generate, dict(_TOOLS), caller, max_passes)
+        fields = [getattr(result, f, "<missing>") for f in
+                  ("answer", "passes", "tool_calls", "prompt_tokens", "output_tokens", "messages")]
+        messages = fields[5]
+        if isinstance(messages, list):
+            messages = [dict(m) if isinstance(m, dict) else m for m in messages]
+        return _AgentOutcome(*fields[:5], messages, shown, caller)
+    return run
+
+
+def check_run_agent(fn) -> bool:
+    """fn(generate, tools, messages, max_passes) -> AgentResult: run the model,
+    run every tool it calls, append the result, run it again, until an answer."""
+    def cases():
+        return [Case((question, script, max_passes),
+                     _expected_agent(question, script, max_passes, tool_messages, answer),
+                     f"{note}: {len(script)} scripted replies, max_passes={max_passes}")
+                for question, script, max_passes, tool_messages, answer, note in _AGENT_CASES]
+    return _report("run_agent", _run_agent_case(fn), cases)
+
+
+# ---------------------------------------------------------------- exercise 3: choose the context
+
+_TIMETABLE = [  # with their lengths in words, the token count these cases use
+    "The night train to Lyon leaves at 22:40 from platform 4.",  # 11 words
+    "The train to Nice leaves at 10:15 from platform 2.",  # 10
+    "Lunch is served in the dining car from noon.",  # 9
+    "Tickets to Lyon cost 40 euros in second class.",  # 9
+    "Bicycles travel free on every train.",  # 6
+    "The Nice train has a quiet coach.",  # 7
+]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+_SELECT_CASES = [  # chunks, question, budget, expected (indices into chunks), what
+    (_TIMETABLE, "When does the night train to Lyon leave?", 100, [0, 1, 3, 4, 5],
+     "a large budget: every chunk sharing a word, in document order"),
+    (_TIMETABLE, "When does the night train to Lyon leave?", 11, [0],
+     "a budget of 11: chunk 0 ('night', 'train', 'lyon': 3 shared words) only"),
+    (_TIMETABLE, "When does the night train to Lyon leave?", 17, [0, 4],
+     "17: after chunk 0 (11), chunks 1 (10) and 3 (9) do not fit, chunk 4 (6) still does"),
+    (_TIMETABLE, "How much do TICKETS to LYON cost?", 20, [0, 3],
+     "upper case in the question; chunk 3 ranks first, chunk 0 ('lyon') still fits: document order"),
+    (_TIMETABLE, "Which train goes to Nice?", 10, [1],
+     "'train', 'nice': chunks 1 and 5 both share 2 words; the tie goes to the earlier chunk"),
+    (_TIMETABLE, "Is there a quiet coach?", 5, [], "the only match (7 words) does not fit a budget of 5"),
+    (_TIMETABLE, "Where can I buy a sandwich?", 100, [], "no chunk shares a word: send nothing"),
+    (_TIMETABLE, "What is it?", 100, [], "a question made only of stopwords matches nothing"),
+    (["Platform 9, platform 10 and platform 11 are new.", "Platform 4 is open today.", "Gate 4 is open."],
+     "Is platform 4 open?", 9, [1, 2],
+     "distinct words count, not occurrences: chunk 0 says 'platform' three times but shares one word"),
+    (["alpha beta", "beta gamma delta", "gamma"], "gamma beta", 3, [1],
+     "chunk 1 shares two words and its 3 tokens fill the budget of 3 exactly"),
+]
+
+
+def check_select_context(fn) -> bool:
+    """fn(chunks, question, budget_tokens, count_tokens) -> the chosen chunks, in document order."""
+    def cases():
+        return [Case((list(chunks), question, budget, _words), [chunks[i] for i in want],
+                     f"question={question!r}, budget_tokens={budget}, count_tokens = words per chunk, "
+                     f"chunks={chunks if chunks is not _TIMETABLE else 'the six-line timetable'}  ({note})")
+                for chunks, question, budget, want, note in _SELECT_CASES]
+    return _report("select_context", fn, cases,
+                   same=lambda got, want: isinstance(got, list) and got == want)
+
+
+# ---------------------------------------------------------------- exercise 4: cost per token
+
+
+def _steps(*rows) -> list[dict]:
+    return [{"num_prefill_tokens": p, "num_decode_tokens": d, "step_time_s": s} for p, d, s in rows]
+
+
+# steps, price per hour, expected (input tok/s, output tok/s, $ per M input, $ per M output), what.
+# Worked by hand: $/s = price / 3600; tok/s = total tokens / total seconds of the pure steps;
+# $ per million = $/s / tok/s * 1e6.
+_COST_CASES = [
+    (_steps((1024, 0, 2.0), *[(0, 8, 0.25)] * 15), 3.6, (512.0, 32.0, 1.953125, 31.25),
+     "one prefill step of 1,024 tokens in 2 s, then 15 decode steps of a batch of 8 at 0.25 s; $3.60 an hour"),
+    (_steps((256, 0, 0.5), (200, 4, 0.6), (0, 4, 0.1), (0, 4, 0.1)), 1.8, (512.0, 40.0, 0.9765625, 12.5),
+     "a mixed step (200 prefill + 4 decode tokens) counts for neither"),
+    (_steps((100, 0, 1.0), (300, 0, 0.5), (0, 1, 0.05), (0, 9, 0.15)), 36.0, (400 / 1.5, 50.0, 37.5, 200.0),
+     "steps of different sizes: total tokens over total time, not the mean of per-step rates"),
+    (_steps((0, 0, 0.01), (0, 2, 0.1)), 7.2, (None, 20.0, None, 100.0),
+     "no prefill step at all: None for input; an empty step counts for nothing"),
+    (_steps((50, 0, 0.1), (0, 1, 0.02)), 0.0, (500.0, 50.0, 0.0, 0.0), "a free machine: every token costs $0"),
+]
+_COST_KEYS = ("input_tokens_per_s", "output_tokens_per_s", "input_per_million", "output_per_million")
+
+
+def _same_costs(got, want) -> bool:
+    if not isinstance(got, dict):
+        return False
+    for key, value in want.items():
+        g = got.get(key, "<missing>")
+        if value is None:
+            if g is not None:
+                return False
+        elif not (isinstance(g, numbers.Real) and not isinstance(g, bool)
+                  and math.isclose(float(g), value, rel_tol=1e-9, abs_tol=1e-12)):
+            return False
+    return True
+
+
+def check_token_costs(fn) -> bool:
+    """fn(steps, price_per_hour) -> {input_tokens_per_s, output_tokens_per_s,
+    input_per_million, output_per_million}."""
+    def cases():
+        return [Case(([dict(s) for s in steps], price), dict(zip(_COST_KEYS, want)),
+                     f"price_per_hour={price}, {len(steps)} steps: {note}")
+                for steps, price, want, note in _COST_CASES]
+    return _report("token_costs", fn, cases, same=_same_costs)

@@ -1,0 +1,211 @@
+"""Lab 10 (beyond one reply): wrong implementations each check must reject, and
+the reference each must accept. Collected by tests/test_labs.py."""
+import json
+import re
+
+from tinyinfer import labcheck
+from tinyinfer.context import STOPWORDS
+from tinyinfer.tools import AgentResult, ToolCall, parse_tool_call
+
+# ------------------------------------------------------------ parse_tool_call
+
+
+def _needs_closing_tag(text):
+    # a reply cut at the stop string "</tool_call>" never parses
+    m = re.search(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
+    if not m:
+        return None
+    return parse_tool_call(m.group(0))
+
+
+def _json_loads_everything(text):
+    # json.loads on all that follows the tag: the closing tag or trailing text breaks it
+    if "<tool_call>" not in text:
+        return None
+    try:
+        obj = json.loads(text.split("<tool_call>", 1)[1].removesuffix("</tool_call>"))
+    except json.JSONDecodeError:
+        return None
+    return ToolCall(obj["name"], obj.get("arguments", {})) if isinstance(obj, dict) and obj.get("name") else None
+
+
+def _no_validation(text):
+    # takes any JSON after the tag, whatever its shape
+    if "<tool_call>" not in text:
+        return None
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text.split("<tool_call>", 1)[1].lstrip())
+    except json.JSONDecodeError:
+        return None
+    return ToolCall(obj.get("name") if isinstance(obj, dict) else str(obj),
+                    obj.get("arguments", {}) if isinstance(obj, dict) else {})
+
+
+def _last_call(text):
+    # the last call instead of the first
+    return parse_tool_call("<tool_call>" + text.split("<tool_call>")[-1]) if "<tool_call>" in text else None
+
+
+def _bare_json_too(text):
+    # also treats plain JSON as a call: an answer that happens to be JSON would run a tool
+    if "<tool_call>" not in text and text.lstrip().startswith("{"):
+        text = "<tool_call>" + text
+    return parse_tool_call(text)
+
+
+def _arguments_none(text):
+    # a call without arguments gets None, which f(**None) cannot take
+    call = parse_tool_call(text)
+    if call is not None and "arguments" not in text:
+        return ToolCall(call.name, None)
+    return call
+
+
+# ------------------------------------------------------------ run_agent
+
+
+def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_reply=True, copy=True,
+          stop_after_tool=False, count_passes="model", unknown="message", on_error="message"):
+    """A configurable agent loop; each wrong implementation below changes one thing."""
+    transcript = list(messages) if copy else messages
+    r = AgentResult(None, transcript, 0, 0, 0, 0)
+    for _ in range(max_passes):
+        reply = generate(list(transcript))
+        r.passes += 1
+        r.prompt_tokens += reply.prompt_tokens
+        r.output_tokens += reply.output_tokens
+        if append_reply:
+            transcript.append({"role": "assistant", "content": reply.text})
+        call = parse_tool_call(reply.text)
+        if call is None:
+            r.answer = reply.text
+            break
+        r.tool_calls += 1
+        if call.name not in tools:
+            if unknown == "stop":
+                break
+            content = f"error: unknown tool {call.name!r}"
+        else:
+            try:
+                content = str(tools[call.name](**call.arguments))
+            except Exception as e:
+                if on_error == "stop":
+                    break
+                content = f"error: {e}" if on_error == "short" else f"error: {type(e).__name__}: {e}"
+        transcript.append({"role": tool_role, "content": content})
+        if stop_after_tool:
+            r.answer = content
+            break
+    if count_passes == "tools":
+        r.passes = r.tool_calls
+    return r
+
+
+WRONG_AGENTS = [
+    lambda g, t, m, n: _loop(g, t, m, n, tool_role="user"),  # the result comes back as the user speaking
+    lambda g, t, m, n: _loop(g, t, m, n, append_reply=False),  # the model never sees its own call
+    lambda g, t, m, n: _loop(g, t, m, n, copy=False),  # appends to the caller's list
+    lambda g, t, m, n: _loop(g, t, m, n, stop_after_tool=True),  # returns the tool's output: no second pass
+    lambda g, t, m, n: _loop(g, t, m, n, count_passes="tools"),  # counts tool calls, not model runs
+    lambda g, t, m, n: _loop(g, t, m, n, unknown="stop"),  # gives up on an unknown tool
+    lambda g, t, m, n: _loop(g, t, m, n, on_error="short"),  # the error message without its type
+    lambda g, t, m, n: _loop(g, t, m, max(n - 1, 1)),  # one pass short of max_passes
+]
+
+
+def _last_prompt_only(generate, tools, messages, max_passes):
+    # adds up output tokens but keeps only the last pass's prompt: misses the re-reading
+    r = labcheck.reference_run_agent(generate, tools, messages, max_passes)
+    r.prompt_tokens = r.pass_log[-1].prompt_tokens if r.pass_log else 0
+    return r
+
+
+WRONG_AGENTS.append(_last_prompt_only)
+
+# ------------------------------------------------------------ select_context
+
+
+def _words(text, lower=True, stop=True):
+    found = set(re.findall(r"[a-z0-9]+" if lower else r"[A-Za-z0-9]+", text.lower() if lower else text))
+    return found - STOPWORDS if stop else found
+
+
+def _select(chunks, question, budget, count, *, order="document", lower=True, stop=True, occurrences=False,
+            keep_zero=False, fit="skip", strict=False, tie="earlier"):
+    q = _words(question, lower, stop)
+
+    def score(c):
+        if occurrences:
+            found = re.findall(r"[a-z0-9]+", c.lower())
+            return sum(1 for w in found if w in q)
+        return len(_words(c, lower, stop) & q)
+    scores = [score(c) for c in chunks]
+    idx = [i for i in range(len(chunks)) if keep_zero or scores[i] > 0]
+    ranked = sorted(idx, key=lambda i: (-scores[i], i if tie == "earlier" else -i))
+    chosen, used = [], 0
+    for i in ranked:
+        cost = count(chunks[i])
+        if (used + cost < budget) if strict else (used + cost <= budget):
+            chosen.append(i)
+            used += cost
+        elif fit == "stop":
+            break
+    return [chunks[i] for i in (sorted(chosen) if order == "document" else chosen)]
+
+
+WRONG_SELECTORS = [
+    lambda c, q, b, n: _select(c, q, b, n, order="rank"),  # best first, not in document order
+    lambda c, q, b, n: _select(c, q, b, n, lower=False),  # case-sensitive
+    lambda c, q, b, n: _select(c, q, b, n, stop=False),  # stopwords count as matches
+    lambda c, q, b, n: _select(c, q, b, n, occurrences=True),  # counts occurrences, not distinct words
+    lambda c, q, b, n: _select(c, q, b, n, keep_zero=True),  # sends chunks that share nothing
+    lambda c, q, b, n: _select(c, q, b, n, fit="stop"),  # stops at the first chunk that does not fit
+    lambda c, q, b, n: _select(c, q, b, n, strict=True),  # a chunk that fills the budget exactly is refused
+    lambda c, q, b, n: _select(c, q, b, n, tie="later"),  # ties go to the later chunk
+]
+
+# ------------------------------------------------------------ token_costs
+
+
+def _costs(steps, price, *, mixed=False, mean_rate=False, per_hour=False, per_token=False, zero=False, swap=False):
+    per_second = price if per_hour else price / 3600
+    out = {}
+    for kind, mine, other in (("input", "num_prefill_tokens", "num_decode_tokens"),
+                              ("output", "num_decode_tokens", "num_prefill_tokens")):
+        pure = [s for s in steps if s[mine] > 0 and (mixed or s[other] == 0)]
+        if not pure:
+            rate = 0.0 if zero else None
+        elif mean_rate:
+            rate = sum(s[mine] / s["step_time_s"] for s in pure) / len(pure)
+        else:
+            rate = sum(s[mine] for s in pure) / sum(s["step_time_s"] for s in pure)
+        out[f"{kind}_tokens_per_s"] = rate
+        scale = 1 if per_token else 1e6
+        out[f"{kind}_per_million"] = per_second / rate * scale if rate else (0.0 if zero else None)
+    if swap:
+        out["input_per_million"], out["output_per_million"] = out["output_per_million"], out["input_per_million"]
+    return out
+
+
+WRONG_COSTS = [
+    lambda s, p: _costs(s, p, mixed=True),  # counts a mixed step's whole time for both kinds
+    lambda s, p: _costs(s, p, mean_rate=True),  # the mean of per-step rates
+    lambda s, p: _costs(s, p, per_hour=True),  # forgets that the price is per hour
+    lambda s, p: _costs(s, p, per_token=True),  # dollars per token, not per million
+    lambda s, p: _costs(s, p, zero=True),  # 0 instead of None when nothing was measured
+    lambda s, p: _costs(s, p, swap=True),  # input and output swapped
+]
+
+WRONG = {
+    "check_parse_tool_call": [_needs_closing_tag, _json_loads_everything, _no_validation, _last_call, _bare_json_too,
+                              _arguments_none],
+    "check_run_agent": WRONG_AGENTS,
+    "check_select_context": WRONG_SELECTORS,
+    "check_token_costs": WRONG_COSTS,
+}
+REFERENCE = {
+    "check_parse_tool_call": lambda: labcheck.reference_parse_tool_call,
+    "check_run_agent": lambda: labcheck.reference_run_agent,
+    "check_select_context": lambda: labcheck.reference_select_context,
+    "check_token_costs": lambda: labcheck.reference_token_costs,
+}
