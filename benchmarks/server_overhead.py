@@ -1,0 +1,162 @@
+"""What does serving add to the engine? The same request, offline and over HTTP, in one run.
+
+    python benchmarks/server_overhead.py [--rounds 5] [--prompt-len 128] [--max-tokens 64] [--dtype bfloat16]
+                                         [--modes process,thread] [--before-src DIR]
+
+For each round, one request of `prompt-len` prompt token ids asking for
+`max-tokens` greedy tokens (EOS ignored) runs
+  * offline: LLMEngine in this process, add_request then step() until done;
+  * served: through `tinyinfer serve` (a child process, as a reader runs it),
+    streamed from /v1/completions, once per server mode:
+      process  the engine core in a process of its own (the default)
+      thread   --no-engine-process: the engine loop in a thread of the HTTP process
+      before   (with --before-src DIR) `tinyinfer serve` from another checkout's src/
+The servers idle while the others run; the rounds interleave, so a burst of
+load from elsewhere on the machine hits every row alike. Each round uses a new
+prompt, so no prefix cache helps either side.
+
+Figures per row: TTFT (request sent -> first token) and the median gap between
+tokens (offline: between step() returns that add a token; served: between
+streamed chunks). The bars (issue 17): served chunk gap <= 1.10x the offline
+decode step, served TTFT <= offline TTFT + 30 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import httpx  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serving import serve_tinyinfer  # noqa: E402
+
+from tinyinfer import LLMEngine, SamplingParams  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+
+
+def prompt_ids(engine, n: int, seed: int) -> list[int]:
+    """n real-text token ids, different for every seed (so the prefix cache never hits)."""
+    g = torch.Generator().manual_seed(seed)
+    words = ["river", "stone", "light", "market", "window", "garden", "music", "winter", "paper", "engine",
+             "silver", "harbor", "forest", "letter", "morning", "bridge"]
+    text = " ".join(words[int(i)] for i in torch.randint(len(words), (4 * n,), generator=g))
+    return engine.tokenizer.encode(text)[:n]
+
+
+def offline(engine, ids: list[int], max_tokens: int) -> tuple[float, list[float]]:
+    """(TTFT, token times) in seconds from add_request, stepping the engine by hand."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine.add_request({"prompt_token_ids": ids}, params)
+    times, seen = [], 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            n = len(out.outputs[0].token_ids)
+            if n > seen:
+                times.append(time.perf_counter() - t0)
+                seen = n
+    return times[0], times
+
+
+def served(client: httpx.Client, url: str, ids: list[int], max_tokens: int) -> tuple[float, list[float]]:
+    """(TTFT, chunk times) in seconds from sending the request, one streamed completion."""
+    import json
+
+    body = {"model": MODEL, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    times = []
+    t0 = time.perf_counter()
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("error"):
+                raise RuntimeError(chunk["error"])
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                times.append(time.perf_counter() - t0)
+    return times[0], times
+
+
+def median_gap(times: list[float]) -> float:
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads, here and in the servers")
+    ap.add_argument("--modes", default="process,thread", help="server modes to measure: process, thread")
+    ap.add_argument("--before-src", default=None, help="also serve from this checkout's src/ (row 'before')")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    engine = LLMEngine(MODEL, dtype=args.dtype, device="cpu")
+    rows = {"offline": []}
+    servers = {}
+    flags = {"process": [], "thread": ["--no-engine-process"]}
+    with contextlib.ExitStack() as stack:
+        for mode in [m for m in args.modes.split(",") if m]:
+            servers[mode] = stack.enter_context(serve_tinyinfer(MODEL, args.dtype, threads, flags[mode]))
+        if args.before_src:
+            servers["before"] = stack.enter_context(serve_tinyinfer(MODEL, args.dtype, threads, [],
+                                                            pythonpath=os.path.join(args.before_src, "src")))
+        rows.update({name: [] for name in servers})
+        with httpx.Client(timeout=300, trust_env=False) as client:
+            warm = prompt_ids(engine, args.prompt_len, seed=10_000)
+            offline(engine, warm, 8)
+            for url in servers.values():
+                served(client, url, warm, 8)
+            for r in range(args.rounds):
+                ids = prompt_ids(engine, args.prompt_len, seed=r)
+                rows["offline"].append(offline(engine, ids, args.max_tokens))
+                for name, url in servers.items():
+                    rows[name].append(served(client, url, ids, args.max_tokens))
+                print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                    f"{name} {rows[name][-1][0] * 1e3:.0f} ms / {median_gap(rows[name][-1][1]) * 1e3:.1f} ms"
+                    for name in rows), flush=True)
+    report(rows, args, threads)
+
+
+def report(rows: dict, args, threads: int) -> None:
+    step = [median_gap(t) for _, t in rows["offline"]]
+    ttft = [t for t, _ in rows["offline"]]
+    print(f"\n{args.prompt_len} prompt token ids, {args.max_tokens} greedy tokens, {args.dtype}, torch threads "
+          f"{threads}, {args.rounds} rounds (median over rounds; [min, max] of the per-round ratio)\n")
+    print("| run | TTFT | median gap between tokens | gap / offline step | TTFT - offline TTFT |")
+    print("|---|---|---|---|---|")
+    print(f"| offline engine | {statistics.median(ttft) * 1e3:.0f} ms | {statistics.median(step) * 1e3:.1f} ms "
+          f"| 1.00 | 0 ms |")
+    verdicts = {}
+    for name, runs in rows.items():
+        if name == "offline":
+            continue
+        gaps = [median_gap(t) for _, t in runs]
+        ratios = [g / s for g, s in zip(gaps, step)]
+        extra = [(t - o) * 1e3 for (t, _), o in zip(runs, ttft)]
+        ratio, delta = statistics.median(ratios), statistics.median(extra)
+        verdicts[name] = ratio <= 1.10 and delta <= 30
+        print(f"| served ({name}) | {statistics.median(t for t, _ in runs) * 1e3:.0f} ms "
+              f"| {statistics.median(gaps) * 1e3:.1f} ms | {ratio:.3f} [{min(ratios):.2f}, {max(ratios):.2f}] "
+              f"| {delta:+.0f} ms [{min(extra):+.0f}, {max(extra):+.0f}] |")
+    print("\nbars: gap <= 1.10x offline step and TTFT <= offline + 30 ms")
+    for name, ok in verdicts.items():
+        print(f"  served ({name}): {'PASS' if ok else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
