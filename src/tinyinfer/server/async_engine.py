@@ -71,6 +71,8 @@ class AsyncEngine:
         self.generation_tokens_total = 0
         self.prompt_tokens_total = 0
         self.num_step_errors = 0
+        self.engine_steps_total = 0
+        self.engine_step_seconds_total = 0.0
         self.fatal_error: BaseException | None = None
         self._recent: collections.deque = collections.deque()  # (time, tokens) of recent steps
         self._rate_window_s = rate_window_s
@@ -259,6 +261,9 @@ class AsyncEngine:
                 stream.queue.put_nowait(EngineError(error))
         self.num_step_errors += bool(msg.get("step_error"))
         self.stats = msg["stats"]
+        if msg.get("steps") and self.stats is not None:  # time inside engine.step(), as the core measured it
+            self.engine_steps_total += 1
+            self.engine_step_seconds_total += getattr(self.stats, "step_time_s", 0.0)
         self._record(new_tokens)
 
     def _record(self, new_tokens: int) -> None:
