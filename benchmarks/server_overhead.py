@@ -36,7 +36,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import serve_tinyinfer  # noqa: E402
+from serving import install_signal_handlers, serve_tinyinfer  # noqa: E402
 
 from tinyinfer import LLMEngine, SamplingParams  # noqa: E402
 
@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--modes", default="process,thread", help="server modes to measure: process, thread")
     ap.add_argument("--before-src", default=None, help="also serve from this checkout's src/ (row 'before')")
     args = ap.parse_args()
+    install_signal_handlers()  # SIGTERM stops the servers as Ctrl-C does
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()

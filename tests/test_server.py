@@ -387,3 +387,12 @@ def test_cli_arguments_default_to_localhost():
     assert p.parse_args(["--no-engine-process"]).engine_process is False
     with pytest.raises(ValueError, match="max_waiting"):
         build_app(object(), max_waiting=0)
+
+
+def test_debug_steps_record_what_each_busy_step_carried(client, server):
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    steps = httpx.get(server.url + "/debug/steps").json()["steps"]
+    assert steps and set(steps[-1]) == {"prefill_tokens", "decode_seqs", "step_s", "turn_s"}
+    last = steps[-5:]  # the request's decode steps: one sequence each, the loop's turn at least the step
+    assert all(s["decode_seqs"] == 1 and s["prefill_tokens"] == 0 for s in last)
+    assert all(s["turn_s"] >= s["step_s"] > 0 for s in last)

@@ -98,6 +98,15 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_n
         return {"object": "list", "data": [{"id": served, "object": "model", "created": 0, "owned_by": "tinyinfer",
                                            "max_model_len": aeng.max_model_len}]}
 
+    @app.get("/debug/steps")
+    async def steps():
+        """The last busy steps of the engine (up to 10,000): prompt tokens and decode
+        sequences each carried, the seconds inside step(), and the seconds of the whole
+        turn of the core's loop. benchmarks/fleet_vs_server.py fits the simulator's
+        step-cost model to them, so the simulator runs on this server's own clock."""
+        keys = ("prefill_tokens", "decode_seqs", "step_s", "turn_s")
+        return {"steps": [dict(zip(keys, row)) for row in list(aeng.recent_steps)]}
+
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(prometheus_text(aeng), media_type="text/plain; version=0.0.4")

@@ -73,6 +73,7 @@ class AsyncEngine:
         self.num_step_errors = 0
         self.engine_steps_total = 0
         self.engine_step_seconds_total = 0.0
+        self.recent_steps: collections.deque = collections.deque(maxlen=10_000)
         self.fatal_error: BaseException | None = None
         self._recent: collections.deque = collections.deque()  # (time, tokens) of recent steps
         self._rate_window_s = rate_window_s
@@ -264,6 +265,9 @@ class AsyncEngine:
         if msg.get("steps") and self.stats is not None:  # time inside engine.step(), as the core measured it
             self.engine_steps_total += 1
             self.engine_step_seconds_total += getattr(self.stats, "step_time_s", 0.0)
+            if msg.get("turn_s"):  # for GET /debug/steps: what each step carried and how long it took
+                self.recent_steps.append((self.stats.num_prefill_tokens, self.stats.num_decode_tokens,
+                                          round(self.stats.step_time_s, 6), round(msg["turn_s"], 6)))
         self._record(new_tokens)
 
     def _record(self, new_tokens: int) -> None:

@@ -29,6 +29,7 @@ import os
 import queue
 import signal
 import threading
+import time
 
 log = logging.getLogger("tinyinfer.server")
 
@@ -61,10 +62,13 @@ class EngineCore:
             while True:
                 busy = self.engine.has_unfinished_requests()
                 report = {"accepted": [], "aborted": [], "outputs": [], "failed": []}
+                turn_start = time.perf_counter()
                 if not self._take_commands(report, block=not busy):
                     return
                 if self.engine.has_unfinished_requests():
                     self._step(report)
+                    if busy:  # a whole turn of the busy loop: the step plus what the loop adds to it
+                        report["turn_s"] = time.perf_counter() - turn_start
                 if any(report.values()):  # else nothing changed: the API server's view is current
                     self._send(report)
         except (EOFError, OSError, KeyboardInterrupt):  # the API server went away: nobody to serve
