@@ -5,6 +5,7 @@
 #   make test    run the whole test suite (engine, labs, notebooks, book build)
 #   make lab     JupyterLab on labs/
 #   make labs    regenerate labs/ from solutions/
+#   make peers   tinyinfer serve beside vLLM CPU on this machine (installs vLLM, 3.4 GB, once, outside the repo)
 #   make clean   remove _build/
 #
 # Everything runs in a virtual environment, $(VENV), created on first use.
@@ -32,7 +33,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book vendor test lab labs clean
+.PHONY: book vendor test lab labs peers clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -76,6 +77,12 @@ lab: $(STAMP)
 
 labs: $(STAMP)
 	$(PY) scripts/make_labs.py
+
+# Not part of `make test`: it downloads vLLM CPU into ~/.cache/tinyinfer on first
+# use and takes about 15 minutes on a 2-core machine. The table lands in _build/peers.json.
+peers: $(STAMP)
+	@mkdir -p _build
+	$(PY) benchmarks/peers.py --save _build/peers.json
 
 clean:
 	rm -rf _build

@@ -219,6 +219,8 @@ def _metrics(server) -> dict:
     ({"prompt": ["one", "two"]}, 400, "prompt"),
     ({"prompt": "hi " * 9000, "max_tokens": 4}, 400, "prompt"),  # over the context window
     ({"prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
+    ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),  # over max_logprobs (20, vLLM's default)
+    ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
 ])
 def test_bad_completion_requests(server, body, status, param):
     r = post(server, "/v1/completions", body)
@@ -232,11 +234,38 @@ def test_bad_completion_requests(server, body, status, param):
     ({"messages": []}, "messages"),
     ({"messages": [{"content": "no role"}]}, "messages"),
     ({"messages": MESSAGES, "max_completion_tokens": -3}, "max_tokens"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),  # not a role chat templates know
+    ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ])
 def test_bad_chat_requests(server, body, param):
     r = post(server, "/v1/chat/completions", body)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] == param
+
+
+def test_unknown_role_is_named_and_known_roles_pass(server, client):
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]})
+    assert "wizard" in r.json()["error"]["message"] and "assistant" in r.json()["error"]["message"]
+    # developer is OpenAI's newer name for system: accepted, and the reply is the same as with system
+    replies = [client.chat.completions.create(
+        model=MODEL, max_tokens=4, temperature=0,
+        messages=[{"role": role, "content": "Answer briefly."}, *MESSAGES]).choices[0].message.content
+        for role in ("system", "developer")]
+    assert replies[0] == replies[1]
+
+
+def test_max_logprobs_boundary_and_setting(server, small):
+    ok = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "logprobs": 20})
+    assert ok.status_code == 200 and len(ok.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 20
+    # the small server was built with max_logprobs=2
+    r = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "logprobs": 3}, key=None)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs" and "2" in r.json()["error"]["message"]
+    assert post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "logprobs": 2},
+                key=None).status_code == 200
+    with pytest.raises(ValueError, match="max_logprobs"):
+        build_app(object(), max_logprobs=-1)
 
 
 def test_api_key_required(server, client):
@@ -289,7 +318,7 @@ def test_client_disconnect_aborts_request(server, engine):
 def small():
     """A second server: one sequence at a time and room for one waiting request."""
     engine = make_engine(max_num_seqs=1)
-    with Server(build_app(engine, max_waiting=1, model_name=MODEL)) as s:
+    with Server(build_app(engine, max_waiting=1, model_name=MODEL, max_logprobs=2)) as s:
         s.engine = engine
         yield s
 
@@ -354,5 +383,16 @@ def test_cli_arguments_default_to_localhost():
     assert (args.host, args.port, args.api_key, args.max_waiting, args.max_num_seqs) == ("127.0.0.1", 9000, "k", 3, 4)
     assert args.max_num_batched_tokens == 512 and args.max_model_len is None
     assert args.enforce_eager is True and p.parse_args(["--no-enforce-eager"]).enforce_eager is False
+    assert args.max_logprobs == 20 and args.engine_process is True
+    assert p.parse_args(["--no-engine-process"]).engine_process is False
     with pytest.raises(ValueError, match="max_waiting"):
         build_app(object(), max_waiting=0)
+
+
+def test_debug_steps_record_what_each_busy_step_carried(client, server):
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    steps = httpx.get(server.url + "/debug/steps").json()["steps"]
+    assert steps and set(steps[-1]) == {"prefill_tokens", "decode_seqs", "step_s", "turn_s"}
+    last = steps[-5:]  # the request's decode steps: one sequence each, the loop's turn at least the step
+    assert all(s["decode_seqs"] == 1 and s["prefill_tokens"] == 0 for s in last)
+    assert all(s["turn_s"] >= s["step_s"] > 0 for s in last)

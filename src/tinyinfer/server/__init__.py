@@ -7,7 +7,8 @@ r"""`tinyinfer serve`: an OpenAI-compatible HTTP server on LLMEngine.
 Any OpenAI client works against it (base_url="http://127.0.0.1:8000/v1").
 The pieces, one concept per file:
   protocol.py      the OpenAI request/response shapes
-  async_engine.py  the engine loop in its own thread, feeding asyncio handlers
+  engine_core.py   the engine's step loop, alone in a process of its own (vLLM's "engine core")
+  async_engine.py  the HTTP side's handle on it: requests out, outputs in, over a pipe
   api.py           the routes: completions, chat, models, health
   prometheus.py    GET /metrics in Prometheus text format
 """
@@ -38,19 +39,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--no-enforce-eager compiles decode steps with torch.compile: faster steps after "
                         "about a minute of compiling on the first requests")
     p.add_argument("--log-level", default="info")
+    add_server_arguments(p)
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """The API server's own flags (the engine's are above)."""
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="most logprobs / top_logprobs a request may ask for (default 20, as vLLM)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine's step loop in a process of its own (default), as vLLM's V1 engine "
+                        "core does; --no-engine-process runs it in a thread of the HTTP server's process")
 
 
 def run(args) -> int:
     import uvicorn
 
     from ..engine import LLMEngine
+    from .async_engine import AsyncEngine
 
     if not (1 <= args.port <= 65535):
         raise ValueError(f"--port={args.port} is invalid: must be in [1, 65535]")
-    engine = LLMEngine(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       enforce_eager=args.enforce_eager)
+    engine_kwargs = dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                         enforce_eager=args.enforce_eager)
+    if args.engine_process:  # the engine is loaded in the core's process, this one serves HTTP
+        import torch
+
+        engine = AsyncEngine.spawn(**engine_kwargs, torch_threads=torch.get_num_threads())
+    else:
+        engine = LLMEngine(**engine_kwargs)
     app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
-                    model_name=args.served_model_name or args.model)
+                    model_name=args.served_model_name or args.model, max_logprobs=args.max_logprobs)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -39,18 +39,23 @@ class APIError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_name: str | None = None) -> FastAPI:
-    """The FastAPI app serving `engine` (an LLMEngine). The engine thread starts
-    with the app (uvicorn's lifespan) and stops with it. At most `max_waiting`
-    accepted requests may wait for a place in the batch; more get 429."""
+def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_name: str | None = None,
+              max_logprobs: int = 20) -> FastAPI:
+    """The FastAPI app serving `engine`: an LLMEngine (its core then runs in a
+    thread of this process) or AsyncEngine.spawn(...) (in a process of its own).
+    The core starts with the app (uvicorn's lifespan) and stops with it. At most
+    `max_waiting` accepted requests may wait for a place in the batch; more get
+    429. A request may ask for at most `max_logprobs` alternatives per token."""
     if not (isinstance(max_waiting, int) and max_waiting >= 1):
         raise ValueError(f"max_waiting={max_waiting!r} is invalid: must be an integer >= 1")
-    served = model_name or getattr(engine, "model_name", None) or "tinyinfer"
-    aeng = AsyncEngine(engine)
+    if not (isinstance(max_logprobs, int) and max_logprobs >= 0):
+        raise ValueError(f"max_logprobs={max_logprobs!r} is invalid: must be an integer >= 0")
+    aeng = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
+    served = model_name or aeng.model_name or (aeng.engine_kwargs or {}).get("model") or "tinyinfer"
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        aeng.start()
+        await aeng.start()  # returns once the engine is loaded
         yield
         aeng.shutdown()
 
@@ -69,6 +74,12 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_n
             raise APIError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
                            code="invalid_api_key")
 
+    def check_logprobs(param: str, n: int | None) -> None:
+        # Each alternative costs a sort and a detokenization per token; vLLM caps them the same way.
+        if n is not None and n > max_logprobs:
+            raise APIError(400, f"{param}={n} is invalid: at most {max_logprobs} per token "
+                                f"(the server's --max-logprobs)", param=param)
+
     def check_model(name: str | None) -> None:
         if name is not None and name != served:
             raise APIError(404, f"The model '{name}' does not exist; this server serves '{served}'.",
@@ -85,7 +96,16 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_n
     @app.get("/v1/models", dependencies=auth)
     async def models():
         return {"object": "list", "data": [{"id": served, "object": "model", "created": 0, "owned_by": "tinyinfer",
-                                           "max_model_len": getattr(engine, "max_model_len", None)}]}
+                                           "max_model_len": aeng.max_model_len}]}
+
+    @app.get("/debug/steps")
+    async def steps():
+        """The last busy steps of the engine (up to 10,000): prompt tokens and decode
+        sequences each carried, the seconds inside step(), and the seconds of the whole
+        turn of the core's loop. benchmarks/fleet_vs_server.py fits the simulator's
+        step-cost model to them, so the simulator runs on this server's own clock."""
+        keys = ("prefill_tokens", "decode_seqs", "step_s", "turn_s")
+        return {"steps": [dict(zip(keys, row)) for row in list(aeng.recent_steps)]}
 
     @app.get("/metrics")
     async def metrics():
@@ -97,6 +117,7 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_n
         _check_supported(body)
         if body.echo:
             raise APIError(400, "echo is not supported by this server", param="echo")
+        check_logprobs("logprobs", body.logprobs)
         prompt = _value_error_as_400(body.engine_prompt, "prompt")
         max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default for completions
         params = _value_error_as_400(lambda: body.sampling_params(max_tokens, body.logprobs))
@@ -109,11 +130,12 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_n
         _check_supported(body)
         if not body.messages:
             raise APIError(400, "messages: expected at least one message", param="messages")
-        tok = engine.tokenizer
+        check_logprobs("top_logprobs", body.top_logprobs)
+        tok = aeng.tokenizer
         ids = _value_error_as_400(lambda: tok.apply_chat_template([m.as_dict() for m in body.messages]), "messages")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI's default: as many as the context window (and KV cache) leave
-            room = getattr(engine, "max_model_len", len(ids) + 16)
+            room = aeng.max_model_len or len(ids) + 16
             stats = aeng.stats
             if stats is not None and getattr(stats, "kv_blocks_total", 0):
                 room = min(room, stats.kv_blocks_total * stats.block_size)

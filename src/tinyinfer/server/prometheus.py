@@ -23,6 +23,10 @@ def prometheus_text(aeng) -> str:
          getattr(stats, "num_preemptions", 0)),
         ("engine_step_errors_total", "counter", "Engine steps that raised (their requests got 500).",
          aeng.num_step_errors),
+        # Time inside engine.step() against time between streamed chunks: what serving adds.
+        ("engine_steps_total", "counter", "Engine steps run.", aeng.engine_steps_total),
+        ("engine_step_seconds_total", "counter", "Seconds spent inside engine steps.",
+         round(aeng.engine_step_seconds_total, 6)),
     ]
     lines = []
     for name, kind, help_, value in rows:

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..sampling import SamplingParams
 
@@ -95,16 +95,30 @@ class ContentPart(BaseModel):
     text: str
 
 
+# The roles a chat template knows how to render. OpenAI's "tool" and "function"
+# need tool calls, which this server does not support.
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: str
     content: str | list[ContentPart] | None = None
 
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"role {role!r} is not supported: must be one of {', '.join(CHAT_ROLES)}")
+        return role
+
     def as_dict(self) -> dict:
         content = self.content
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...] -> one string
             content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+        # "developer" is OpenAI's newer name for "system"; chat templates know only the older one.
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
 
 
 class ChatCompletionRequest(_SamplingFields):
