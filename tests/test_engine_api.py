@@ -206,10 +206,10 @@ def test_stop_string_made_of_a_multibyte_character(llm):
     tok = llm.tokenizer
     ids = tok.encode("emoji 🎉🚀 fun")
     assert len([i for i in ids if "\ufffd" in tok.decode([i])]) >= 3
-    seq = Sequence("0", None, [1], SamplingParams(max_tokens=50, stop=["🎉"]), eos_token_ids=[2])
+    seq = Sequence("0", None, [1], SamplingParams(max_tokens=50, stop=["🎉"]), eos_token_ids=[2], decode=tok.decode)
     shown = []
     for t in ids:
-        seq.append_token(t, tok.decode)
+        seq.append_token(t)
         shown.append(seq.stable_text())
         if seq.finished:
             break

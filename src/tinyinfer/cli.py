@@ -28,7 +28,7 @@ def _params(args):
 
 
 def cmd_generate(args) -> None:
-    from .engine import LLM
+    from .llm import LLM
 
     params = _params(args)  # validate before the model loads
     llm = LLM(args.model, dtype=args.dtype, device=args.device)
@@ -42,7 +42,7 @@ def cmd_generate(args) -> None:
 def cmd_chat(args) -> None:
     """A terminal chat: the whole conversation is re-sent as context every turn;
     the model itself learns nothing from it."""
-    from .engine import LLM
+    from .llm import LLM
 
     params = _params(args)
     llm = LLM(args.model, dtype=args.dtype, device=args.device)

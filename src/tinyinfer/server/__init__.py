@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from ..engine import LLMEngine
+    from ..llm_engine import LLMEngine
 
     if not (1 <= args.port <= 65535):
         raise ValueError(f"--port={args.port} is invalid: must be in [1, 65535]")

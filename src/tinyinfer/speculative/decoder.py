@@ -97,7 +97,8 @@ class SpeculativeDecoder:
         prompt = self._validate(prompt_token_ids, params)
         device = self.model.lm_head.weight.device
         seq = Sequence(request_id=str(next(self._ids)), prompt=None, prompt_token_ids=prompt, params=params,
-                       eos_token_ids=self.eos_token_ids, generator=make_generator(params.seed, device))
+                       eos_token_ids=self.eos_token_ids, generator=make_generator(params.seed, device),
+                       decode=self.tokenizer.decode if self.tokenizer is not None else None)
         stats = SpecDecodeStats()
         start = time.perf_counter()
         # Drafts are capped so nothing is written past the last position a reply can reach.
@@ -114,16 +115,16 @@ class SpeculativeDecoder:
         if device.type == "cuda":
             torch.cuda.synchronize()
         stats.wall_time_s = time.perf_counter() - start
-        stats.num_generated = len(seq.output_token_ids)
+        stats.num_generated = seq.num_output_tokens
         if self.draft is not None:
             stats.num_draft_forward_passes = self.draft.num_forward_passes
-        return list(seq.output_token_ids), stats
+        return seq.output_token_ids, stats
 
     def _step(self, seq: Sequence, cache: KVCache, stats: SpecDecodeStats) -> None:
         """Draft, verify in one target pass, accept a prefix, append."""
         params, context = seq.params, seq.token_ids
         # A step yields up to k+1 tokens; never draft beyond what max_tokens allows.
-        k = min(self.num_speculative_tokens, params.max_tokens - len(seq.output_token_ids) - 1)
+        k = min(self.num_speculative_tokens, params.max_tokens - seq.num_output_tokens - 1)
         drafts, draft_probs = [], None
         if self.draft is not None and k > 0:
             drafts, draft_probs = self.draft.propose(context, k, params, seq.generator)
@@ -148,9 +149,8 @@ class SpeculativeDecoder:
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
         """Add tokens one by one, so EOS, stop ids, stop strings and max_tokens
         cut the reply exactly where plain decoding would."""
-        decode = self.tokenizer.decode if self.tokenizer is not None else _no_text
         for token in tokens:
-            seq.append_token(token, decode)
+            seq.append_token(token)
             if seq.finished:
                 return
 
@@ -207,7 +207,3 @@ def _is_int(x) -> bool:
 def _require(ok: bool, field: str, value, allowed: str) -> None:
     if not ok:
         raise ValueError(f"{field}={value!r} is invalid: must be {allowed}")
-
-
-def _no_text(token_ids) -> str:
-    return ""  # a bare model has no tokenizer: the stopping rules use token ids only
