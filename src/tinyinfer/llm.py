@@ -16,7 +16,6 @@ from collections.abc import Iterator
 
 from tqdm.auto import tqdm
 
-from .config import DEFAULT_MODEL
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -28,7 +27,7 @@ class LLM:
     (max_num_seqs, max_num_batched_tokens, block_size, kv_cache_memory_bytes,
     enable_prefix_caching, scheduling, quantization, enforce_eager, ...)."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, **engine_args):
+    def __init__(self, model: str | None = None, **engine_args):
         self.llm_engine = LLMEngine(model, **engine_args)
 
     # The engine's parts, under the names the labs and chapters use.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import EngineConfig
 from .api import build_app
 
 __all__ = ["build_app", "add_arguments", "run"]
@@ -28,15 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests allowed to wait for a batch slot; beyond that the server answers 429")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="most requests in one batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="most tokens in one step")
-    p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
-    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
-                   help="--no-enforce-eager compiles decode steps with torch.compile: faster steps after "
-                        "about a minute of compiling on the first requests")
+    EngineConfig.add_cli_args(p)  # every engine setting, with the engine's own defaults
     p.add_argument("--log-level", default="info")
 
 
@@ -47,9 +40,7 @@ def run(args) -> int:
 
     if not (1 <= args.port <= 65535):
         raise ValueError(f"--port={args.port} is invalid: must be in [1, 65535]")
-    engine = LLMEngine(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       enforce_eager=args.enforce_eager)
+    engine = LLMEngine(config=EngineConfig.from_cli_args(args))
     app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
                     model_name=args.served_model_name or args.model)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
