@@ -9,6 +9,7 @@ enough to run many steps and many engines.
 - seeded sampling and prompt logprobs survive forced preemption in both modes;
 - aborting a swapped-out request, and chunked prefill turned off.
 """
+import json
 import random
 import shutil
 
@@ -284,3 +285,30 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_fits_it(tiny_dir
     assert all(n in (1, 50, 60) for step in sizes for n in step)  # never a chunk
     want = run(tiny_engine(tiny_dir, max_num_batched_tokens=32), reqs)  # chunked into 32s
     assert {r: o.outputs[0].token_ids for r, o in got.items()} == {r: o.outputs[0].token_ids for r, o in want.items()}
+
+
+def test_the_server_returns_n_choices(tiny_dir):
+    """POST /v1/completions with n=2 (whole and streamed): one choice per sample,
+    each equal to the offline API's sample with the same index."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tinyinfer.server import build_app
+    from tinyinfer.server.background import BackgroundServer
+
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 3, "n": 2,
+            "ignore_eos": True}
+    llm = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    want = llm.generate(body["prompt"], SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=3,
+                                                       ignore_eos=True))[0].outputs
+    with BackgroundServer(build_app(tiny_engine(tiny_dir), model_name="tiny")) as server:
+        whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        streamed = {0: "", 1: ""}
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        streamed[choice["index"]] += choice["text"]
+    assert [(c["index"], c["text"]) for c in whole["choices"]] == [(c.index, c.text) for c in want]
+    assert whole["usage"]["completion_tokens"] == 12
+    assert streamed == {c.index: c.text for c in want}
+    assert want[0].text != want[1].text

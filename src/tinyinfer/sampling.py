@@ -183,6 +183,20 @@ class Sampler:
         prompt = {sid: self.prompt_logprobs(seq, start, rows) for sid, (seq, start, rows) in (prompt_logits or {}).items()}
         return SamplerOutput(tokens, self._logprobs(raw, seqs, tokens), prompt)
 
+    @torch.inference_mode()
+    def draft_target_probs(self, logits: torch.Tensor, seq, drafts: list[int]) -> torch.Tensor:
+        """Speculative decoding: logits[j] is the target's output after seq's tokens
+        and drafts[:j]. Returns the probabilities sample() would draw from at each
+        row, with the repetition penalty counting the drafts before it as seen."""
+        mask = seen_mask(seq, logits.shape[-1], logits.device) if seq.params.repetition_penalty != 1.0 else None
+        rows = []
+        for j in range(logits.shape[0]):
+            if mask is not None and j:
+                mask = mask.clone()
+                mask[drafts[j - 1]] = True
+            rows.append(processed_probs(logits[j], seq.params, mask))
+        return torch.stack(rows)
+
     def _logprobs(self, raw: torch.Tensor, seqs: list, tokens: list[int]) -> list[PositionLogprobs | None]:
         out = [None] * len(seqs)
         rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
@@ -212,6 +226,14 @@ class Sampler:
 
     def _text(self, token: int) -> str | None:
         return self.decode([token]) if self.decode else None
+
+
+def seen_token_ids(token_ids: list[int], params: SamplingParams, device=None) -> torch.Tensor | None:
+    """The tokens the repetition penalty counts as seen (prompt + output), as ids;
+    None when the penalty is off."""
+    if params.repetition_penalty == 1.0:
+        return None
+    return torch.tensor(sorted(set(token_ids)), device=device)
 
 
 def seen_mask(seq, vocab_size: int, device=None) -> torch.Tensor:
@@ -253,8 +275,7 @@ def next_token_distribution(llm, prompt, params: SamplingParams, top: int = 10):
     As in the engine, the repetition penalty counts the prompt's tokens as seen.
     At temperature 0 the draw is greedy, so all the probability sits on one token."""
     ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    seen = torch.tensor(sorted(set(ids))) if params.repetition_penalty != 1.0 else None
-    probs = processed_probs(next_token_logits(llm, ids), params, seen)
+    probs = processed_probs(next_token_logits(llm, ids), params, seen_token_ids(ids, params))
     values, order = torch.topk(probs, top)
     pairs = [(int(i), float(v)) for v, i in zip(values, order) if v > 0]  # cut tokens are not candidates
     return probs, [(i, llm.tokenizer.decode([i]), v) for i, v in pairs]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kv_cache import KVCache
-from ..sampling import SamplingParams, make_generator, processed_probs, sample
+from ..sampling import Sampler, SamplingParams, make_generator
 from ..sequence import Sequence
-from .drafts import LayerDraft, NgramDraft, _seen
+from .drafts import LayerDraft, NgramDraft
 from .forward import forward_tokens
 from .verify import accept_draft_tokens
 
@@ -90,6 +90,7 @@ class SpeculativeDecoder:
                       "layers": lambda: LayerDraft(self.model, draft_layers),
                       "none": lambda: None}[draft]()
         self._ids = itertools.count()
+        self.sampler = Sampler()
 
     def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None):
         """Returns (output token ids, SpecDecodeStats)."""
@@ -109,7 +110,7 @@ class SpeculativeDecoder:
         # Prefill: the first token is sampled from the target as usual.
         logits = forward_tokens(self.model, prompt, 0, cache)[-1]
         stats.num_target_forward_passes += 1
-        self._append(seq, [sample(logits, params, seq.generator, _seen(prompt, params, device))])
+        self._append(seq, self.sampler(logits[None], [seq]).token_ids)  # the engine's sampler
         while not seq.finished:
             self._step(seq, cache, stats)
         if device.type == "cuda":
@@ -134,10 +135,7 @@ class SpeculativeDecoder:
         # and one more, all in ONE pass.
         logits = forward_tokens(self.model, [context[-1]] + drafts, len(context) - 1, cache)
         stats.num_target_forward_passes += 1
-        target_probs = torch.stack([
-            processed_probs(logits[j], params, _seen(context + drafts[:j], params, logits.device))
-            for j in range(len(drafts) + 1)
-        ])
+        target_probs = self.sampler.draft_target_probs(logits, seq, drafts)
         tokens, num_accepted = accept_draft_tokens(target_probs, draft_probs, drafts, seq.generator)
         stats.num_proposed += len(drafts)
         stats.num_accepted += num_accepted
@@ -185,11 +183,7 @@ def _unwrap(obj):
     if hasattr(obj, "lm_head") and hasattr(obj, "config"):  # a LlamaForCausalLM
         config = obj.config
         return obj, None, list(config.eos_token_ids), config.max_position_embeddings
-    model = getattr(obj, "model", None)
-    if model is None or not hasattr(model, "lm_head"):  # an engine that keeps it in its runner
-        engine = getattr(obj, "llm_engine", obj)
-        runner = getattr(engine, "model_runner", None) or getattr(engine, "runner", None)
-        model = getattr(runner, "model", None)
+    model = getattr(obj, "model", None)  # LLM and LLMEngine both expose .model
     if model is None or not hasattr(model, "lm_head"):
         raise ValueError(f"llm_or_model: expected an LLM or a LlamaForCausalLM, got {type(obj).__name__}")
     tokenizer = getattr(obj, "tokenizer", None)
