@@ -200,9 +200,9 @@ def test_parallel_sampling_checks_its_settings(tiny_dir):
 def workload():
     """Seeded sampled requests, some with prompt logprobs, and one with n=2."""
     reqs = {}
-    for i in range(6):
-        reqs[f"r{i}"] = (prompt(20 + 9 * i, 10 + i),
-                         SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=24, ignore_eos=True,
+    for i in range(4):
+        reqs[f"r{i}"] = (prompt(20 + 14 * i, 10 + i),
+                         SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=20, ignore_eos=True,
                                         logprobs=2, prompt_logprobs=2 if i % 2 == 0 else None))
     reqs["n2"] = (prompt(30, 99), SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=16, ignore_eos=True))
     return reqs
@@ -225,7 +225,7 @@ def same_output(got, want):
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_seeded_sampling_and_prompt_logprobs_survive_preemption(tiny_dir, mode):
-    """A pool of 14 blocks of 8 tokens cannot hold these requests at once, and a
+    """A pool of 12 blocks of 8 tokens cannot hold these requests at once, and a
     budget of 40 tokens per step chunks the longer prompts: sequences are
     preempted mid-reply and mid-prompt. Each request must still give what it
     gives alone on a roomy engine: the same seeded tokens, logprobs and prompt
@@ -234,7 +234,7 @@ def test_seeded_sampling_and_prompt_logprobs_survive_preemption(tiny_dir, mode):
     alone = {}
     for rid, req in reqs.items():
         alone.update(run(tiny_engine(tiny_dir, block_size=8), {rid: req}))
-    busy = tiny_engine(tiny_dir, block_size=8, num_kv_blocks=14, max_num_batched_tokens=40, preemption_mode=mode)
+    busy = tiny_engine(tiny_dir, block_size=8, num_kv_blocks=12, max_num_batched_tokens=40, preemption_mode=mode)
     together = run(busy, reqs)
     assert busy.stats.num_preemptions > 0, "the pool was meant to force preemption"
     if mode == "swap":

@@ -46,6 +46,12 @@ class TokenIds(Sequence):
     def __eq__(self, other) -> bool:
         return isinstance(other, (list, tuple, TokenIds)) and list(self) == list(other)
 
+    def __add__(self, other) -> list[int]:  # concatenates like the list it stands for
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list[int]:
+        return list(other) + list(self)
+
     def __repr__(self) -> str:
         return repr(list(self))
 

@@ -123,11 +123,11 @@ class Sequence:
             # A stop string may be split across tokens, so search the text, not the
             # token; only the tail can hold a new match (it ends in the new text).
             start = max(0, len(self.output_text) - max(map(len, p.stop)) + 1)
-            text = self.output_text + new
-            hits = [(i, s) for s in p.stop if (i := text.find(s, start)) != -1]
+            tail = self.output_text[start:] + new
+            hits = [(i, s) for s in p.stop if (i := tail.find(s)) != -1]
             if hits:
                 cut, s = min(hits)
-                self.output_text = text[:cut]  # the stop string itself is not returned
+                self.output_text = (self.output_text + new)[: start + cut]  # the stop string itself is not returned
                 self.finish_reason, self.stop_reason = "stop", s
                 return
         self.output_text += new
