@@ -20,13 +20,13 @@ def test_compiled_decode_writes_the_eager_tokens(llm):
     compiled = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", enforce_eager=False)
     runner = compiled.runner
     batch_sizes = []  # batch size of every step that ran the compiled model
-    execute, compiled_model = runner.execute, runner.compiled_model
+    execute, compiled_model = runner.execute_model, runner.compiled_model
 
-    def spy_execute(scheduled, *args):
-        runner.compiled_model = lambda: batch_sizes.append(len(scheduled)) or compiled_model()
-        return execute(scheduled, *args)
+    def spy_execute(scheduler_output):
+        runner.compiled_model = lambda: batch_sizes.append(len(scheduler_output.scheduled)) or compiled_model()
+        return execute(scheduler_output)
 
-    runner.execute = spy_execute
+    runner.execute_model = spy_execute
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     for prompts in (PROMPTS[:1], PROMPTS):
         want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]

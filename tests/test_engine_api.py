@@ -67,10 +67,24 @@ def test_processors_on_hand_made_logits():
     assert sample(logits, SamplingParams(temperature=0)) == 0
 
 
-def test_repetition_penalty_changes_greedy_output(llm):
-    plain = ids_of(llm.generate(["List three emoji:"], SamplingParams(max_tokens=20, temperature=0))[0])
-    penal = ids_of(llm.generate(["List three emoji:"], SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.5))[0])
-    assert plain != penal
+def test_repetition_penalty_follows_its_rule_at_every_step(llm):
+    """Each greedy token under repetition_penalty=1.5 must be the argmax of the
+    model's raw scores (one fresh forward pass per step, outside the engine)
+    after the rule applied by hand: a token seen in the prompt or the reply so
+    far has a positive score divided by 1.5, a negative one multiplied."""
+    from tinyinfer.sampling import next_token_logits
+
+    prompt = llm.tokenizer.encode("List three emoji:")
+    plain = ids_of(llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=12, temperature=0))[0])
+    penal = ids_of(llm.generate([{"prompt_token_ids": prompt}],
+                                SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.5))[0])
+    assert plain != penal  # the rule matters for this prompt
+    for t, token in enumerate(penal):
+        context = prompt + penal[:t]
+        scores = next_token_logits(llm, context).tolist()
+        for i in set(context):
+            scores[i] = scores[i] / 1.5 if scores[i] > 0 else scores[i] * 1.5
+        assert token == max(range(len(scores)), key=scores.__getitem__), f"step {t}"
 
 
 # --- stopping -------------------------------------------------------------------
@@ -206,10 +220,10 @@ def test_stop_string_made_of_a_multibyte_character(llm):
     tok = llm.tokenizer
     ids = tok.encode("emoji 🎉🚀 fun")
     assert len([i for i in ids if "\ufffd" in tok.decode([i])]) >= 3
-    seq = Sequence("0", None, [1], SamplingParams(max_tokens=50, stop=["🎉"]), eos_token_ids=[2])
+    seq = Sequence("0", None, [1], SamplingParams(max_tokens=50, stop=["🎉"]), eos_token_ids=[2], decode=tok.decode)
     shown = []
     for t in ids:
-        seq.append_token(t, tok.decode)
+        seq.append_token(t)
         shown.append(seq.stable_text())
         if seq.finished:
             break

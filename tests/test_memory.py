@@ -87,10 +87,17 @@ def test_70b_is_320_kib_per_token_and_about_1_3_gb_for_4000_tokens():
     assert hand.kv_total == est.kv_total
 
 
-def test_reuses_the_hardware_formula():
+def test_every_kv_formula_gives_the_hand_count():
+    """A key and a value (2) per layer (80) per KV head (8) of 128 numbers of 2 bytes."""
+    from tinyinfer.config import ModelConfig
     from tinyinfer.hardware import kv_bytes_per_token
 
-    assert memory.kv_bytes_per_token(80, 8, 128, 2) == kv_bytes_per_token(LLAMA3_70B, 2)
+    by_hand = 2 * 80 * 8 * 128 * 2
+    assert memory.kv_bytes_per_token(80, 8, 128, 2) == by_hand == 327_680
+    assert kv_bytes_per_token(LLAMA3_70B, 2) == by_hand
+    smollm2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192)
+    assert smollm2.kv_bytes_per_token(4) == 2 * 30 * 3 * 64 * 4 == 46_080  # what the engine sizes its pool by
 
 
 def test_kv_dtype_by_name():

@@ -15,7 +15,7 @@ def request(arrival, token_times):
     seq = Sequence("r", None, [1, 2, 3], SamplingParams(max_tokens=len(token_times) or 1), eos_token_ids=[])
     seq.arrival_time = arrival
     seq.token_times = list(token_times)
-    seq.output_token_ids = list(range(len(token_times)))
+    seq.token_ids += range(len(token_times))
     return seq.to_output()
 
 

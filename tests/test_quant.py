@@ -84,10 +84,34 @@ def test_odd_input_dimension_is_rejected():
         quantize_int4(torch.zeros(4, 63), 32)
 
 
+def require_kernel(kind, dtype):
+    """Skip where this torch build has no packed kernel; FAIL where it has one that crashes."""
+    from tinyinfer.quant import kernel_error
+
+    if not kernel_available(kind, "cpu", dtype):
+        error = kernel_error(kind, "cpu", dtype)
+        if error is not None:
+            pytest.fail(f"the {kind} packed kernel exists but failed: {error}")
+        pytest.skip(f"torch has no {kind} packed kernel here")
+
+
+def test_a_crashing_packed_kernel_fails_instead_of_skipping(monkeypatch):
+    from tinyinfer import quant
+
+    def crash(self, x):
+        raise RuntimeError("a bug in the kernel path")
+
+    monkeypatch.setattr(quant, "_KERNEL_OK", {})
+    monkeypatch.setattr(quant, "_KERNEL_ERRORS", {})
+    monkeypatch.setattr(Int8Linear, "_kernel_forward", crash)
+    with pytest.raises(pytest.fail.Exception, match="exists but failed: RuntimeError: a bug in the kernel path"):
+        require_kernel("int8", torch.float32)
+    assert not quant.kernel_available("int8", "cpu", torch.float32)  # generation still falls back
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_kernel_equals_reference_path(dtype):
-    if not kernel_available("int8", "cpu", dtype):
-        pytest.skip("torch has no int8 packed kernel here")
+    require_kernel("int8", dtype)
     layer = Int8Linear.from_weight(weights())
     x = torch.randn(5, 256).to(dtype)
     fast = layer(x)
@@ -100,8 +124,7 @@ def test_int8_kernel_equals_reference_path(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group_size,inp", [(32, 256), (128, 256), (128, 576)])
 def test_int4_kernel_equals_reference_path(dtype, group_size, inp):
-    if not kernel_available("int4", "cpu", dtype):
-        pytest.skip("torch has no int4 packed kernel here")
+    require_kernel("int4", dtype)
     layer = Int4Linear.from_weight(weights(inp=inp), group_size, use_kernel=True)
     x = torch.randn(3, 1, inp).to(dtype)
     fast = layer(x)
@@ -202,3 +225,29 @@ def test_llm_quantization_argument():
     llm = LLM(dtype="float32", device="cpu", quantization="int8")
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))[0]
     assert "Paris" in out.outputs[0].text
+
+
+@pytest.mark.slow
+def test_quantized_perplexity_is_bounded_against_fp32(fresh_llm):
+    """Perplexity on the same 256 tokens of English, fp32 against each format.
+
+    int4 with groups of 32 is (almost) lossless here, and that is not a bug: the
+    packaged weights were distributed as GGUF Q4_1, i.e. 4-bit codes with a scale
+    and a minimum per block of 32 weights, and de-quantized to fp32. Every group
+    of 32 therefore holds at most 16 evenly spaced values, which asymmetric int4
+    with groups of 32 represents again exactly (up to fp16 scales). Larger groups
+    mix two Q4_1 blocks with different grids and do lose information."""
+    from tinyinfer.eval import eval_text, perplexity
+
+    base = fresh_llm()
+    ids = base.tokenizer.encode(eval_text())[:256]
+    fp32 = perplexity(base, ids)
+    assert 5 < fp32 < 100  # plain English on this model (shuffled tokens give ~1000)
+    ppl = {}
+    for method, group in (("int8", 128), ("int4", 32), ("int4", 128)):
+        llm = fresh_llm()
+        quantize_model(llm.model, method, group)
+        ppl[method, group] = perplexity(llm, ids)
+    assert ppl["int4", 32] == pytest.approx(fp32, rel=2e-3)  # lossless: see the docstring
+    assert ppl["int8", 128] == pytest.approx(fp32, rel=0.03)  # 8 bits per weight: within 3%
+    assert fp32 * 1.05 < ppl["int4", 128] < fp32 * 2  # real loss, but bounded

@@ -215,7 +215,7 @@ def _metrics(server) -> dict:
     ({"prompt": "hi", "top_p": 0}, 400, "top_p"),
     ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
-    ({"prompt": "hi", "n": 2}, 400, "n"),
+    ({"prompt": "hi", "n": 0}, 400, "n"),  # n >= 1 (n > 1 is parallel sampling)
     ({"prompt": ["one", "two"]}, 400, "prompt"),
     ({"prompt": "hi " * 9000, "max_tokens": 4}, 400, "prompt"),  # over the context window
     ({"prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary

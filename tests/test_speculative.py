@@ -278,4 +278,69 @@ def test_sampling_on_the_real_model_is_reproducible_with_a_seed(llm, draft):
     (a, stats), (b, _), (c, _) = run(1234), run(1234), run(99)
     assert a == b and a != c
     assert len(a) == 16 and all(0 <= t < llm.model_config.vocab_size for t in a)
-    assert stats.num_proposed > 0 and 0 <= stats.acceptance_rate <= 1
+    # every target pass but the prefill yields its accepted drafts plus one token
+    assert stats.num_proposed > 0 and stats.num_generated == 16
+    assert 16 == 1 + stats.num_accepted + (stats.num_target_forward_passes - 1)
+
+
+# --- end to end: sampled speculative decoding keeps the target's distribution -------------
+
+
+@pytest.fixture(scope="module")
+def sharp(tiny):
+    """The tiny model with its scores scaled up, so its distributions are peaked
+    and a draft (its first layer) disagrees with it often: a wrong accept rule
+    would show. A fresh copy: other tests use `tiny` as it is."""
+    import copy
+
+    model = copy.deepcopy(tiny)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(25.0)
+    return model
+
+
+def exact_probs(model, ids, params):
+    """The target's processed next-token distribution after ids: a fresh full
+    forward pass, no cache reuse, no speculation."""
+    from tinyinfer.kv_cache import KVCache
+    from tinyinfer.sampling import processed_probs
+
+    with torch.no_grad():
+        cache = KVCache(model.config, 1, len(ids), torch.float32, "cpu")
+        hidden = model(torch.tensor([ids]), torch.arange(len(ids))[None], cache)
+        return processed_probs(model.compute_logits(hidden[0, -1]), params).double()
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty: the chi-square quantile at 1 - 0.001 (z = 3.09) for df degrees of freedom."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+@pytest.mark.parametrize("draft,kwargs", [("ngram", {}), ("layers", {"draft_layers": 1})])
+def test_sampled_speculative_decoding_follows_the_target_distribution(sharp, draft, kwargs):
+    """3 tokens at T=0.9, top_p=0.9, over 2000 seeds. The first is sampled from
+    the prefill; the second goes through draft -> verify -> accept or resample.
+    Its distribution must be the target's: P(t2) = sum over t1 of
+    p(t1 | prompt) p(t2 | prompt, t1), computed by 1 + 64 plain forward passes.
+    A chi-square test at the 0.001 level compares the counts with it."""
+    prompt = [5, 9, 14, 22, 31, 40, 47, 53, 60, 2, 11, 19, 27, 36, 44, 50, 58, 63, 7, 16]  # the n-gram draft
+    params = SamplingParams(max_tokens=3, temperature=0.9, top_p=0.9, ignore_eos=True)    # finds t1 in here
+    p1 = exact_probs(sharp, prompt, params)
+    p2 = sum(p1[t] * exact_probs(sharp, prompt + [t], params) for t in range(64) if p1[t] > 0)
+    spec = SpeculativeDecoder(sharp, draft=draft, num_speculative_tokens=2, **kwargs)
+    counts = torch.zeros(64, dtype=torch.float64)
+    proposed = accepted = 0
+    for seed in range(2000):
+        tokens, stats = spec.generate(prompt, SamplingParams(max_tokens=3, temperature=0.9, top_p=0.9,
+                                                             ignore_eos=True, seed=seed))
+        counts[tokens[1]] += 1
+        proposed, accepted = proposed + stats.num_proposed, accepted + stats.num_accepted
+    assert proposed > 500 and 0 < accepted < proposed  # the accept/reject path really ran, both ways
+    expected = p2 * counts.sum()
+    big = expected >= 5  # cells expected to hold fewer than 5 are pooled into one
+    observed = torch.cat([counts[big], counts[~big].sum()[None]])
+    expect = torch.cat([expected[big], expected[~big].sum()[None]])
+    assert counts[p2 == 0].sum() == 0  # never a token the target could not produce
+    keep = expect > 0
+    chi2 = float(((observed[keep] - expect[keep]) ** 2 / expect[keep]).sum())
+    assert chi2 < chi2_critical(int(keep.sum()) - 1), chi2

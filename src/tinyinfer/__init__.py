@@ -1,5 +1,5 @@
 """tinyinfer: a small, real LLM inference engine for learning how inference works."""
-from .engine import LLM
+from .llm import LLM
 from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling import SamplingParams

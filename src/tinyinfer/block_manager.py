@@ -103,24 +103,30 @@ class BlockManager:
 
     # --- allocation -------------------------------------------------------------
 
-    def can_allocate(self, seq_id: str, token_ids: list[int], num_tokens: int) -> bool:
+    def can_allocate(self, seq_id: str, token_ids: list[int], num_tokens: int, hits: list[int] | None = None) -> bool:
         """Could this sequence hold num_tokens tokens now (its first allocation,
-        or growth of an existing table)?"""
+        or growth of an existing table)? `hits`: match_prefix(token_ids), if the
+        caller has it already (the scheduler walks the prefix once per admission)."""
         if seq_id in self.block_tables:
-            return self.blocks_for(num_tokens) - len(self.block_tables[seq_id]) <= self.num_free_blocks
-        hits = self.match_prefix(token_ids)
+            return self.can_append(seq_id, num_tokens)
+        hits = self.match_prefix(token_ids) if hits is None else hits
         # A hit block nobody uses sits in the free list; reviving it uses up one free block.
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return self.blocks_for(num_tokens) - len(hits) + revived <= self.num_free_blocks
 
-    def allocate(self, seq_id: str, token_ids: list[int], num_tokens: int) -> int:
+    def can_append(self, seq_id: str, num_tokens: int) -> bool:
+        """Could this sequence's table grow to num_tokens tokens now (counting the
+        copy a shared, partly filled last block needs)?"""
+        return self._blocks_needed(seq_id, num_tokens)[0] <= self.num_free_blocks
+
+    def allocate(self, seq_id: str, token_ids: list[int], num_tokens: int, hits: list[int] | None = None) -> int:
         """Give a new sequence blocks for its first num_tokens tokens; return how
         many leading tokens were found in the prefix cache (already computed)."""
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
-        if not self.can_allocate(seq_id, token_ids, num_tokens):
+        hits = self.match_prefix(token_ids) if hits is None else hits
+        if not self.can_allocate(seq_id, token_ids, num_tokens, hits):
             raise NoFreeBlocksError(f"not enough free KV blocks for {num_tokens} tokens")
-        hits = self.match_prefix(token_ids)
         for block_id in hits:
             self._take(block_id)
         cached = len(hits) * self.block_size
@@ -131,17 +137,23 @@ class BlockManager:
         self.prefix_cache_hit_tokens += cached
         return cached
 
+    def _blocks_needed(self, seq_id: str, num_tokens: int) -> tuple[int, bool]:
+        """(free blocks needed to hold num_tokens, whether the last block must be copied first)."""
+        table, old = self.block_tables[seq_id], self.num_slots.get(seq_id, 0)
+        if num_tokens <= old:
+            return 0, False
+        # The next write lands in the last block if it is partly filled. If another
+        # sequence shares that block (fork), writing would change its past: copy first.
+        cow = bool(table) and old % self.block_size != 0 and self.blocks[table[-1]].ref_count > 1
+        return self.blocks_for(num_tokens) - len(table) + cow, cow
+
     def append_slots(self, seq_id: str, num_tokens: int) -> list[tuple[int, int]]:
         """Grow a sequence's table to hold num_tokens tokens. Returns (src, dst)
         block copies the cache must make: copy-on-write for a shared last block."""
         table = self.block_tables[seq_id]
-        old = self.num_slots.get(seq_id, 0)
-        if num_tokens <= old:
+        if num_tokens <= self.num_slots.get(seq_id, 0):
             return []
-        # The next write lands in the last block if it is partly filled. If another
-        # sequence shares that block (fork), writing would change its past: copy first.
-        cow = bool(table) and old % self.block_size != 0 and self.blocks[table[-1]].ref_count > 1
-        need = self.blocks_for(num_tokens) - len(table) + cow
+        need, cow = self._blocks_needed(seq_id, num_tokens)
         if need > self.num_free_blocks:
             raise NoFreeBlocksError(f"sequence {seq_id!r} needs {need} more KV blocks; {self.num_free_blocks} are free")
         copies = []

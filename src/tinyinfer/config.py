@@ -1,13 +1,20 @@
-"""ModelConfig: the one place that says what shape the model has.
+"""The two configs: what shape the model has (ModelConfig) and how the engine
+runs it (EngineConfig).
 
-Every other module reads its sizes from here, never from a Hugging Face object,
-so a learner can see in one screen what defines a Llama-style decoder.
+Every other module reads its sizes from ModelConfig, never from a Hugging Face
+object, so a learner can see in one screen what defines a Llama-style decoder.
+EngineConfig holds every engine setting with its default and its check, and
+builds the command-line flags of `tinyinfer generate/chat/serve` (as vLLM's
+EngineArgs does), so a default is written exactly once.
 """
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass(frozen=True)
@@ -88,3 +95,111 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def kv_bytes_per_token(self, bytes_per_value: float) -> float:
+        """A key and a value vector per KV head per layer: what one token adds to the KV cache."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_value
+
+
+# --- the engine's settings ------------------------------------------------------------
+
+
+def _opt(default, help: str, cli: bool = True):
+    return field(default=default, metadata={"help": help, "cli": cli})
+
+
+@dataclass
+class EngineConfig:
+    """Every LLMEngine setting (vLLM's names), checked before anything loads."""
+
+    model: str = _opt(DEFAULT_MODEL, "a packaged model name, a local folder or a Hub id")
+    dtype: str = _opt("auto", "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16 or float16")
+    device: str = _opt("auto", "auto, cpu, cuda or cuda:N")
+    max_model_len: int | None = _opt(None, "context window (default: the model's)")
+    max_num_seqs: int = _opt(16, "most sequences in one batch")
+    max_num_batched_tokens: int = _opt(512, "most tokens in one step (the token budget)")
+    block_size: int = _opt(16, "tokens per KV block")
+    kv_cache_memory_bytes: int | None = _opt(None, "KV pool size in bytes (default: 512 MiB on CPU, 8 GiB on GPU)")
+    num_kv_blocks: int | None = _opt(None, "KV pool size in blocks (overrides --kv-cache-memory-bytes)")
+    enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of a prompt prefix seen before")
+    enable_chunked_prefill: bool = _opt(True, "cut a long prompt into chunks that fit the token budget")
+    preemption_mode: str = _opt("recompute", "what a preempted sequence does with its cache: recompute or swap")
+    scheduling: str = _opt("continuous", "continuous, or static (chapter 7's baseline)")
+    seed: int | None = _opt(None, "seed torch's global random stream (unseeded requests draw from it)")
+    quantization: str | None = _opt(None, "weight-only quantization: int8, int4 (default: none)")
+    group_size: int = _opt(128, "weights per scale for int4")
+    enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile: faster "
+                                     "steps after about a minute of compiling on the first requests")
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("kv_cache_memory_bytes", "num_kv_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        _check_choice("dtype", self.dtype, ("auto", *DTYPE_NAMES))
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device={self.device!r} is invalid: must be 'auto', 'cpu' or 'cuda[:N]'")
+        _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+        _check_choice("scheduling", self.scheduling, ("continuous", "static"))
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be True or False")
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
+            raise ValueError(f"seed={self.seed!r} is invalid: must be None or an integer")
+        if self.quantization is not None or self.group_size != 128:
+            from .quant import check_method  # names the field and its allowed values
+
+            check_method(self.quantization or "int4", self.group_size)
+        if not self.enforce_eager and self.scheduling == "static":  # the baseline stays as chapter 7 measures it
+            raise ValueError("enforce_eager=False is invalid with scheduling='static': compiled decode steps "
+                             "run on the paged cache; use scheduling='continuous'")
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+        """One --flag per field (or per field in `names`), with its default and help."""
+        for f in fields(cls):
+            if names is not None and f.name not in names:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                    help=f.metadata["help"])
+            else:
+                kind = int if "int" in str(f.type) else str
+                parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def resolve_device(device: str):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for, but torch sees no CUDA device; use 'cpu' or 'auto'")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device):
+    import torch
+
+    if dtype == "auto":  # fp32 on CPU (exact, widely fast), bf16 on GPU
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        raise ValueError(f"{name}={value!r} is invalid: must be an integer >= {low}")
+
+
+def _check_choice(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is invalid: must be one of {', '.join(map(repr, allowed))}")

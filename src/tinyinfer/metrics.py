@@ -111,3 +111,14 @@ def summarize(outputs, duration: float | None = None) -> BenchmarkMetrics:
 
 def _ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1e3:.1f}"
+
+
+def json_safe(x):
+    """NaN and inf are not JSON: write them as null (and dict keys as strings)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x

@@ -167,18 +167,21 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                meta: AttentionMetadata | None = None) -> torch.Tensor:
+                meta: AttentionMetadata | None = None, num_layers: int | None = None) -> torch.Tensor:
         """Run T new tokens per sequence through the stack; return hidden states [B, T, C].
 
         `positions` [B, T] are absolute positions; sequences in a batch may sit at
         different positions (prompts of unequal length, right-padded). `meta`
         lets the caller, who knows the positions as plain ints, pick cheaper
-        attention paths; without it the general masked path is used."""
+        attention paths; without it the general masked path is used.
+        num_layers stops after the first num_layers layers, then applies the final
+        norm: speculative decoding's early-exit draft (speculative/drafts.py)."""
         if meta is None:
             meta = AttentionMetadata.general(positions, cache)
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope_at(positions, x.dtype)
-        for layer in self.model.layers:
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        for layer in layers:
             x = layer(x, cos, sin, cache, meta)
         return self.model.norm(x)
 

@@ -1,67 +1,58 @@
-"""ModelRunner: turns scheduled sequences into tensors, runs the model, and
-returns logits. It owns the device, the dtype and the KV caches.
+"""ModelRunner: turns a scheduled step into tensors, runs the model, and
+returns logits. It owns the device, the dtype and the paged KV cache, so it
+also moves blocks when the scheduler says so: copy-on-write copies, and swaps
+to and from host memory (it keeps the host copies).
 
-Two ways to run a batch:
-- execute(): continuous batching on the paged cache. The scheduler says how many
-  new tokens each sequence gets this step; they are packed into one flat row
-  (see paged_kv_cache.py), so nobody pays for anybody else's padding.
-- prefill() / decode(): static batching on a contiguous cache, kept as the
-  baseline that chapter 7 measures against. The batch is right-padded: sequence
-  b's prompt sits at positions 0..len_b-1 and each later token at the next
-  position. Padding slots are never attended to, because a query only sees keys
-  at positions <= its own (see model.causal_mask).
+The scheduler says how many new tokens each sequence gets this step; they are
+packed into one flat row (see paged_kv_cache.py), so nobody pays for anybody
+else's padding. Static batching, chapter 7's baseline, has its own runner in
+static_batching.py.
 
 enforce_eager=False (vLLM's switch) runs decode steps through a torch.compile'd
-model instead: the many small operators of a step (normalizations, rotations,
-residual adds, the SwiGLU product) are fused into a few generated kernels, so a
-step pays far fewer per-operator costs. Chapter 4 shows why those costs matter.
+model: the many small operators of a step are fused into a few generated
+kernels. Chapter 4 shows why those per-operator costs matter.
 """
 from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
-from .kv_cache import KVCache
-from .model import AttentionMetadata, causal_mask
 from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
-from .sequence import Sequence
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [M, V]: row i for scheduler_output.sampling[i]
+    # seq_id -> (sequence, first position, logits [n, V]) for prompt logprobs
+    prompt_logits: dict[str, tuple] = field(default_factory=dict)
 
 
 class ModelRunner:
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0,
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
                  enforce_eager: bool = True):
         self.model = model
-        self.enforce_eager = enforce_eager
-        self._compiled_model = None  # made on the first decode step when enforce_eager is False
-        self.config = model.config
         self.device = device
         self.dtype = dtype
-        self.pad_token_id = pad_token_id
-        self.cache: KVCache | None = None  # static batching's contiguous cache
-        self.paged_cache: PagedKVCache | None = None  # continuous batching's block pool
-
-    def allocate_paged_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        self.paged_cache = PagedKVCache(self.config, num_blocks, block_size, self.dtype, self.device)
-        return self.paged_cache
+        self.enforce_eager = enforce_eager
+        self._compiled_model = None  # made on the first decode step when enforce_eager is False
+        self.paged_cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
+        self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> K, V in host memory
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]], block_tables: list[list[int]],
-                prompt_hidden_for: set[str] = frozenset()):
-        """Run one continuous-batching step.
-
-        scheduled[b] = (sequence, n): its next n uncomputed tokens. Returns the
-        logits [M, V] of the M sequences that reach their last known token this
-        step (they sample a new one), those sequences, and {request_id: hidden
-        states [n, C]} for the ids in prompt_hidden_for (prompt logprobs)."""
+    def execute_model(self, out) -> ModelOutput:
+        """Run one scheduled step (a SchedulerOutput): move blocks, pack the new
+        tokens, run the model, and return the logits the sampler needs."""
+        self._move_blocks(out)
         ids, query_lens, context_lens = [], [], []
-        for seq, n in scheduled:
+        for seq, n in out.scheduled:
             start = seq.num_computed_tokens
-            ids += seq.token_ids[start : start + n]
+            ids += seq.token_ids[start : start + n]  # just this step's tokens, never the whole context
             query_lens.append(n)
             context_lens.append(start + n)
-        meta = PagedAttentionMetadata.build(query_lens, context_lens, block_tables,
+        meta = PagedAttentionMetadata.build(query_lens, context_lens, out.block_tables,
                                             self.paged_cache.block_size, self.device)
         input_ids = torch.tensor(ids, device=self.device)[None]
         if not self.enforce_eager and max(query_lens) == 1 and len(meta.groups) == 1:
@@ -69,13 +60,32 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
         ends = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's last new token
-        sampling = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
-        logits = self.model.compute_logits(hidden[ends[sampling].to(self.device)])
-        extra = {}
-        for b, (seq, n) in enumerate(scheduled):
-            if seq.request_id in prompt_hidden_for:
-                extra[seq.request_id] = hidden[int(ends[b]) - n + 1 : int(ends[b]) + 1]
-        return logits, [scheduled[b][0] for b in sampling], extra
+        logits = self.model.compute_logits(hidden[ends[out.sample_rows].to(self.device)])
+        return ModelOutput(logits, self._prompt_logits(out, hidden, ends))
+
+    def _move_blocks(self, out) -> None:
+        cache = self.paged_cache
+        for seq, table, n in out.swap_out:  # before anything overwrites those blocks
+            self.swapped[seq.seq_id] = cache.swap_out(table, n)
+        for seq, table, n in out.swap_in:
+            cache.swap_in(table, self.swapped.pop(seq.seq_id))
+        cache.copy_blocks(out.copies)
+
+    def _prompt_logits(self, out, hidden: torch.Tensor, ends: torch.Tensor) -> dict:
+        """For sequences that want prompt logprobs: the logits of the prompt
+        positions computed this step (position t's output scores token t+1)."""
+        found = {}
+        for b, (seq, n) in enumerate(out.scheduled):
+            if seq.wants_prompt_logprobs:
+                start = seq.num_computed_tokens
+                stop = max(start, min(start + n, seq.num_prompt_tokens - 1))
+                first = int(ends[b]) - n + 1
+                found[seq.seq_id] = (seq, start, self.model.compute_logits(hidden[first : first + stop - start]))
+        return found
+
+    def drop_swapped(self, seq_id: str) -> None:
+        """An aborted sequence's host copy is no longer needed."""
+        self.swapped.pop(seq_id, None)
 
     def _run_compiled(self, input_ids, meta):
         try:
@@ -104,48 +114,3 @@ class ModelRunner:
                   "of step (batch 1, larger batches) compiles once, about a minute on a CPU", file=sys.stderr)
             self._compiled_model = torch.compile(self.model, dynamic=True)
         return self._compiled_model
-
-    @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence], all_positions: bool = False):
-        """Process every prompt in one forward pass and allocate this batch's cache.
-
-        Returns the last position's logits [B, V] and, when all_positions is set,
-        hidden states for every prompt position (for prompt logprobs)."""
-        lens = [len(s.prompt_token_ids) for s in seqs]
-        max_len = max(len(s.prompt_token_ids) + s.params.max_tokens for s in seqs)
-        self.cache = KVCache(self.config, len(seqs), max_len, self.dtype, self.device)
-        ids = torch.full((len(seqs), max(lens)), self.pad_token_id, dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids[b, : lens[b]] = torch.tensor(s.prompt_token_ids)
-        ids = ids.to(self.device)
-        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        hidden = self.model(ids, positions, self.cache, AttentionMetadata.uniform(positions, 0))
-        last = hidden[torch.arange(len(seqs)), torch.tensor(lens) - 1]
-        return self.model.compute_logits(last), (hidden if all_positions else None)
-
-    @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One new token per sequence, attending to its cache. Returns logits [B, V].
-
-        Finished sequences ride along (static batching) with their position
-        frozen, so they never write past their own cache row."""
-        ids, pos = [], []
-        for s in seqs:
-            n = len(s.prompt_token_ids) + len(s.output_token_ids)
-            ids.append(s.output_token_ids[-1])
-            pos.append(min(n - 1, self.cache.max_len - 1))
-        ids = torch.tensor(ids, device=self.device)[:, None]
-        positions = torch.tensor(pos, device=self.device)[:, None]
-        if len(set(pos)) == 1:  # e.g. batch 1: no mask needed, slice writes
-            meta = AttentionMetadata.uniform(positions, pos[0])
-        else:
-            meta = AttentionMetadata(positions, max(pos) + 1, mask=causal_mask(positions, max(pos) + 1))
-        hidden = self.model(ids, positions, self.cache, meta)
-        return self.model.compute_logits(hidden[:, -1])
-
-    @torch.inference_mode()
-    def logits_for(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(hidden)
-
-    def release(self) -> None:
-        self.cache = None

@@ -120,9 +120,6 @@ class PagedKVCache:
         self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
         self.num_blocks, self.block_size = num_blocks, block_size
 
-    def bytes_per_block(self) -> int:
-        return 2 * self.k[:, : self.block_size].numel() * self.k.element_size()
-
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 

@@ -115,22 +115,35 @@ def dequantize_int4(packed, scales, zeros, group_size: int, dtype=torch.float32)
 # ----------------------------------------------------------------- packed kernels
 
 _KERNEL_OK: dict = {}
+_KERNEL_ERRORS: dict = {}  # kernels that exist but failed: a bug to report, not a missing feature
 
 
 def kernel_available(kind: str, device, dtype) -> bool:
     """Does torch have a working packed-weight matmul for `kind` on this device
-    and dtype? Tried once on a tiny input (ops differ across versions and builds)."""
+    and dtype? Tried once on a tiny input (ops differ across versions and builds).
+    An op this build lacks (NotImplementedError, AttributeError) just means no;
+    an op that exists but fails also means no, so generation falls back to the
+    reference path, but the failure is kept for kernel_error() (and tests fail on it)."""
     key = (kind, torch.device(device).type, dtype)
     if key not in _KERNEL_OK:
         try:
-            w = torch.randn(64, 128, device=device)
-            x = torch.randn(2, 128, device=device, dtype=dtype)
+            g = torch.Generator(device=device).manual_seed(0)  # not the global stream: the probe draws no user's numbers
+            w = torch.randn(64, 128, device=device, generator=g)
+            x = torch.randn(2, 128, device=device, generator=g).to(dtype)
             layer = Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w, 32)
             layer._kernel_forward(x)
             _KERNEL_OK[key] = True
-        except (RuntimeError, NotImplementedError, AttributeError):
+        except (NotImplementedError, AttributeError):
             _KERNEL_OK[key] = False
+        except RuntimeError as e:
+            _KERNEL_OK[key], _KERNEL_ERRORS[key] = False, f"{type(e).__name__}: {e}"
     return _KERNEL_OK[key]
+
+
+def kernel_error(kind: str, device, dtype) -> str | None:
+    """Why an existing packed kernel failed its probe (None: it works, or torch has none)."""
+    kernel_available(kind, device, dtype)
+    return _KERNEL_ERRORS.get((kind, torch.device(device).type, dtype))
 
 
 def _small(x: torch.Tensor, in_features: int) -> bool:

@@ -4,13 +4,16 @@ The pipeline, in vLLM's order:
   logits -> repetition penalty -> temperature -> top-k -> top-p -> draw
 Temperature 0 means greedy: take the highest score (after the penalty).
 Every step is a small function, so a lab can swap in its own and a chapter can
-show the distribution after each step.
+show the distribution after each step. The Sampler at the end runs them for a
+whole step's batch, for the engine and for speculative decoding alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from .outputs import Logprob, PositionLogprobs
 
 _INF = float("inf")
 
@@ -19,6 +22,7 @@ _INF = float("inf")
 class SamplingParams:
     """Per-request generation settings; field names and meanings follow vLLM."""
 
+    n: int = 1  # parallel samples of the same prompt (they share its KV blocks)
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -39,6 +43,7 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
+        _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", self.n, "an integer >= 1")
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
         _check(_num(self.temperature) and self.temperature >= 0, "temperature", self.temperature, ">= 0 (0 means greedy)")
         _check(_num(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
@@ -69,7 +74,8 @@ def _check(ok: bool, field: str, value, allowed: str) -> None:
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """Make already-seen tokens less likely: positive scores are divided by the
-    penalty, negative ones multiplied (dividing a negative would *raise* it)."""
+    penalty, negative ones multiplied (dividing a negative would *raise* it).
+    `seen` holds the seen token ids, or is a [V] mask of them."""
     if penalty == 1.0 or seen.numel() == 0:
         return logits
     logits = logits.clone()
@@ -135,6 +141,113 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
     return g
 
 
+# --- the batched sampler: a step's logits in, one token per sequence out -------------
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[PositionLogprobs | None]  # per row: the chosen token + top N, when asked for
+    prompt_logprobs: dict[str, list[PositionLogprobs]] = field(default_factory=dict)  # seq_id -> this chunk's
+
+
+class Sampler:
+    """Samples every row of a step at once where the rows allow it: greedy rows
+    by one argmax over the batch, logprobs by one log_softmax. Rows with a
+    temperature draw one by one (a seeded request must draw from its own
+    generator, whatever else is in the batch), through the processors above."""
+
+    def __init__(self, decode=None):
+        self.decode = decode  # token id -> text for Logprob.decoded_token (None: no text)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, seqs: list, prompt_logits: dict | None = None) -> SamplerOutput:
+        """logits [M, V]: row i is seqs[i]'s. prompt_logits: {seq_id: (seq, first
+        position, logits [n, V])} for the prompt positions a step computed."""
+        raw = logits.float()
+        processed = raw
+        for i, seq in enumerate(seqs):
+            if seq.params.repetition_penalty != 1.0:
+                if processed is raw:
+                    processed = raw.clone()
+                processed[i] = apply_repetition_penalty(raw[i], seen_mask(seq, raw.shape[-1], raw.device),
+                                                        seq.params.repetition_penalty)
+        tokens = [0] * len(seqs)
+        greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
+        if greedy:
+            for i, t in zip(greedy, processed[greedy].argmax(-1).tolist()):
+                tokens[i] = t
+        for i, seq in enumerate(seqs):  # row order: unseeded rows share torch's stream in a fixed order
+            if not seq.params.greedy:
+                tokens[i] = sample(processed[i], seq.params, seq.generator)
+        prompt = {sid: self.prompt_logprobs(seq, start, rows) for sid, (seq, start, rows) in (prompt_logits or {}).items()}
+        return SamplerOutput(tokens, self._logprobs(raw, seqs, tokens), prompt)
+
+    @torch.inference_mode()
+    def draft_target_probs(self, logits: torch.Tensor, seq, drafts: list[int]) -> torch.Tensor:
+        """Speculative decoding: logits[j] is the target's output after seq's tokens
+        and drafts[:j]. Returns the probabilities sample() would draw from at each
+        row, with the repetition penalty counting the drafts before it as seen."""
+        mask = seen_mask(seq, logits.shape[-1], logits.device) if seq.params.repetition_penalty != 1.0 else None
+        rows = []
+        for j in range(logits.shape[0]):
+            if mask is not None and j:
+                mask = mask.clone()
+                mask[drafts[j - 1]] = True
+            rows.append(processed_probs(logits[j], seq.params, mask))
+        return torch.stack(rows)
+
+    def _logprobs(self, raw: torch.Tensor, seqs: list, tokens: list[int]) -> list[PositionLogprobs | None]:
+        out = [None] * len(seqs)
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if rows:  # from the model's own distribution, before any processor (as vLLM reports them)
+            lp = torch.log_softmax(raw[rows], -1)
+            for j, i in enumerate(rows):
+                out[i] = self.top_logprobs(lp[j], tokens[i], seqs[i].params.logprobs)
+        return out
+
+    def prompt_logprobs(self, seq, start: int, logits: torch.Tensor) -> list[PositionLogprobs]:
+        """logits[j] is position start+j's output, which scores prompt token start+j+1."""
+        lp = torch.log_softmax(logits.float(), -1)
+        k = seq.params.prompt_logprobs
+        return [self.top_logprobs(lp[j], seq.token_ids[start + j + 1], k) for j in range(lp.shape[0])]
+
+    def top_logprobs(self, lp: torch.Tensor, token: int, n: int) -> PositionLogprobs:
+        """The chosen token plus the n most likely ones, each with its rank."""
+        out = {}
+        if n:
+            values, ids = torch.topk(lp, n)
+            for rank, (v, t) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+                out[t] = Logprob(v, rank, self._text(t))
+        if token not in out:
+            rank = int((lp > lp[token]).sum()) + 1
+            out[token] = Logprob(float(lp[token]), rank, self._text(token))
+        return out
+
+    def _text(self, token: int) -> str | None:
+        return self.decode([token]) if self.decode else None
+
+
+def seen_token_ids(token_ids: list[int], params: SamplingParams, device=None) -> torch.Tensor | None:
+    """The tokens the repetition penalty counts as seen (prompt + output), as ids;
+    None when the penalty is off."""
+    if params.repetition_penalty == 1.0:
+        return None
+    return torch.tensor(sorted(set(token_ids)), device=device)
+
+
+def seen_mask(seq, vocab_size: int, device=None) -> torch.Tensor:
+    """The tokens the repetition penalty counts as seen (prompt + output), as a
+    [V] mask kept on the sequence and extended by the tokens added since the
+    last call: O(1) per step, not O(context)."""
+    if seq.seen is None:
+        seq.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    if seq.num_seen < len(seq.token_ids):
+        seq.seen[torch.tensor(seq.token_ids[seq.num_seen :], device=device)] = True
+        seq.num_seen = len(seq.token_ids)
+    return seq.seen
+
+
 # --- inspection helpers for chapters and labs (the engine never calls these) ---
 
 
@@ -162,8 +275,7 @@ def next_token_distribution(llm, prompt, params: SamplingParams, top: int = 10):
     As in the engine, the repetition penalty counts the prompt's tokens as seen.
     At temperature 0 the draw is greedy, so all the probability sits on one token."""
     ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    seen = torch.tensor(sorted(set(ids))) if params.repetition_penalty != 1.0 else None
-    probs = processed_probs(next_token_logits(llm, ids), params, seen)
+    probs = processed_probs(next_token_logits(llm, ids), params, seen_token_ids(ids, params))
     values, order = torch.topk(probs, top)
     pairs = [(int(i), float(v)) for v, i in zip(values, order) if v > 0]  # cut tokens are not candidates
     return probs, [(i, llm.tokenizer.decode([i]), v) for i, v in pairs]

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
+from .config import DEFAULT_MODEL, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,6 @@ KNOWN_MODELS = {
         description="SmolLM2-135M-Instruct (Apache-2.0), 4-bit Q4_1 weights de-quantized to fp32",
     ),
 }
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def cache_dir() -> Path:

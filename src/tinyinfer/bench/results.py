@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..metrics import percentile
+from ..metrics import json_safe, percentile
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -143,7 +143,7 @@ class BenchResult:
                  input_lens=[r.input_tokens for r in rs], output_lens=[r.output_tokens if r.ok else 0 for r in rs],
                  ttfts=[r.ttft for r in rs], tpots=[r.tpot for r in rs], e2els=[r.e2el for r in rs],
                  itls=[r.itl for r in rs], chunk_times=[r.chunk_times for r in rs])
-        return _json_safe(d)
+        return json_safe(d)
 
     def table(self) -> str:
         return format_table(self)
@@ -257,17 +257,6 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return "-" if math.isnan(v) else f"{v:.2f}"
     return str(v)
-
-
-def _json_safe(x):
-    """NaN and inf are not JSON: write them as null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 __all__ = ["RequestRecord", "Latency", "BenchResult", "calculate_metrics", "parse_goodput", "is_good",

@@ -26,15 +26,8 @@ from .cost import StepCostModel
 
 
 def _find_model(obj):
-    """The LlamaForCausalLM inside an LLM, an LLMEngine, a ModelRunner or the model itself."""
-    for path in ((), ("model",), ("runner", "model"), ("model_runner", "model"),
-                 ("llm_engine", "model_runner", "model"), ("llm_engine", "runner", "model")):
-        m = obj
-        try:
-            for name in path:
-                m = getattr(m, name)
-        except AttributeError:
-            continue
+    """The LlamaForCausalLM of an LLM, an LLMEngine, a ModelRunner, or the model itself."""
+    for m in (obj, getattr(obj, "model", None)):  # LLM and LLMEngine both expose .model
         if isinstance(m, torch.nn.Module) and hasattr(m, "compute_logits"):
             return m
     raise ValueError(f"calibrate: could not find a tinyinfer model in {type(obj).__name__}; "

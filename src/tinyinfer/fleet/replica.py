@@ -21,16 +21,18 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from ..config import EngineConfig
 from .cost import StepCostModel
 from .workload import SimRequest
 
 ROLES = ("both", "prefill", "decode")
+_ENGINE_DEFAULTS = EngineConfig()  # a simulated replica starts from the real engine's defaults
 
 
 @dataclass(frozen=True)
 class ReplicaConfig:
-    max_num_seqs: int = 16  # batch slots: sequences running at once
-    max_num_batched_tokens: int = 512  # token budget per step (decode tokens + prefill chunk)
+    max_num_seqs: int = _ENGINE_DEFAULTS.max_num_seqs  # batch slots: sequences running at once
+    max_num_batched_tokens: int = _ENGINE_DEFAULTS.max_num_batched_tokens  # token budget per step
     kv_capacity_tokens: int = 65536  # KV cache size, in tokens, all sequences together
     max_queue_len: int | None = None  # waiting requests before new ones are refused; None: unbounded
     prefix_cache_slots: int = 8  # distinct shared prefixes whose KV the replica keeps (LRU)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..metrics import LatencyStats, _ms
+from ..metrics import LatencyStats, _ms, json_safe
 from .replica import Replica, RequestState
 
 
@@ -75,7 +75,7 @@ class FleetReport:
             d.pop("requests")
         d["request_throughput"] = self.request_throughput
         d["output_throughput"] = self.output_throughput
-        return _json_safe(d)
+        return json_safe(d)
 
     def table(self) -> str:
         lines = [
@@ -90,16 +90,6 @@ class FleetReport:
         return "\n".join(lines)
 
     __str__ = table
-
-
-def _json_safe(x):
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 def build_report(states: list[RequestState], replicas: list[Replica], extra: dict | None = None) -> FleetReport:

@@ -15,7 +15,9 @@ The pieces, one concept per file:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from ..config import EngineConfig
 from .api import build_app
 
 __all__ = ["build_app", "add_arguments", "run"]
@@ -29,15 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests allowed to wait for a batch slot; beyond that the server answers 429")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="most requests in one batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="most tokens in one step")
-    p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
-    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
-                   help="--no-enforce-eager compiles decode steps with torch.compile: faster steps after "
-                        "about a minute of compiling on the first requests")
+    EngineConfig.add_cli_args(p)  # every engine setting, with the engine's own defaults
     p.add_argument("--log-level", default="info")
     add_server_arguments(p)
 
@@ -54,14 +48,13 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from ..engine import LLMEngine
+    from ..llm_engine import LLMEngine
     from .async_engine import AsyncEngine
 
     if not (1 <= args.port <= 65535):
         raise ValueError(f"--port={args.port} is invalid: must be in [1, 65535]")
-    engine_kwargs = dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                         enforce_eager=args.enforce_eager)
+    # Plain keyword arguments (not the dataclass) so they travel to the core's process as they are.
+    engine_kwargs = dataclasses.asdict(EngineConfig.from_cli_args(args))
     if args.engine_process:  # the engine is loaded in the core's process, this one serves HTTP
         import torch
 

@@ -273,28 +273,35 @@ async def _sse(job: _Job, outputs):
             body["usage"] = usage  # null on every chunk but the last, as OpenAI does
         return f"data: {json.dumps(body)}\n\n"
 
-    sent_text, sent_tokens, out = 0, 0, None
+    sent_text, sent_tokens, out = {0: 0}, {0: 0}, None  # per choice (n > 1: one per parallel sample)
+    ended = set()
     try:
         if job.chat:  # OpenAI's first chat chunk announces the role
-            yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                         "finish_reason": None})
+            yield chunk(_role(0))
         async for out in outputs:
-            c = out.outputs[0]
-            text = c.text[sent_text:]
-            new_ids, new_lps = c.token_ids[sent_tokens:], (c.logprobs or [])[sent_tokens:]
-            if not text and not out.finished and not (job.top_n is not None and new_ids):
-                continue
-            lps = None
-            if job.top_n is not None:
-                lps = (P.chat_logprobs(new_lps, new_ids, job.top_n) if job.chat
-                       else P.completion_logprobs(new_lps, new_ids, job.top_n, offset=sent_text))
-            reason = c.finish_reason if out.finished else None
-            if job.chat:
-                yield chunk({"index": 0, "delta": {"content": text} if text else {}, "logprobs": lps,
-                             "finish_reason": reason})
-            else:
-                yield chunk({"index": 0, "text": text, "logprobs": lps, "finish_reason": reason})
-            sent_text, sent_tokens = len(c.text), len(c.token_ids)
+            for c in out.outputs:
+                if c.index in ended:
+                    continue
+                if c.index not in sent_text:
+                    sent_text[c.index] = sent_tokens[c.index] = 0
+                    if job.chat:
+                        yield chunk(_role(c.index))
+                text = c.text[sent_text[c.index]:]
+                new_ids, new_lps = c.token_ids[sent_tokens[c.index]:], (c.logprobs or [])[sent_tokens[c.index]:]
+                if not text and not c.finish_reason and not (job.top_n is not None and new_ids):
+                    continue
+                lps = None
+                if job.top_n is not None:
+                    lps = (P.chat_logprobs(new_lps, new_ids, job.top_n) if job.chat
+                           else P.completion_logprobs(new_lps, new_ids, job.top_n, offset=sent_text[c.index]))
+                if job.chat:
+                    yield chunk({"index": c.index, "delta": {"content": text} if text else {}, "logprobs": lps,
+                                 "finish_reason": c.finish_reason})
+                else:
+                    yield chunk({"index": c.index, "text": text, "logprobs": lps, "finish_reason": c.finish_reason})
+                sent_text[c.index], sent_tokens[c.index] = len(c.text), len(c.token_ids)
+                if c.finish_reason:
+                    ended.add(c.index)
     except EngineError as e:  # headers are sent already: report in-band, as vLLM does
         yield f"data: {json.dumps(P.error_body(str(e), 'server_error', code=500))}\n\n"
         yield "data: [DONE]\n\n"
@@ -302,6 +309,10 @@ async def _sse(job: _Job, outputs):
     if job.include_usage and out is not None:
         yield chunk(None, P.usage(out))
     yield "data: [DONE]\n\n"
+
+
+def _role(index: int) -> dict:
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
 def _check_supported(body) -> None:

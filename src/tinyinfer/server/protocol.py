@@ -43,8 +43,6 @@ class _SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for a valid-looking request this engine cannot honour."""
-        if self.n != 1:
-            return "n", f"n={self.n} is not supported: this server returns exactly one choice (n=1)"
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 return name, f"{name} is not supported (use repetition_penalty); it must be 0"
@@ -56,6 +54,7 @@ class _SamplingFields(BaseModel):
         """Map to SamplingParams; absent fields take OpenAI's defaults (temperature 1).
         SamplingParams raises ValueError naming any field out of range."""
         return SamplingParams(
+            n=self.n,  # parallel samples: one choice each
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -137,7 +136,7 @@ def new_id(prefix: str) -> str:
 
 
 def usage(out) -> dict:
-    prompt, completion = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
+    prompt, completion = len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -171,22 +170,22 @@ def _token_entry(lp) -> dict:
 
 
 def completion_response(rid: str, model: str, created: int, out, top_n: int | None) -> dict:
-    c = out.outputs[0]
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason,
-                     "logprobs": None if top_n is None else completion_logprobs(c.logprobs, c.token_ids, top_n)}],
+        "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                     "logprobs": None if top_n is None else completion_logprobs(c.logprobs, c.token_ids, top_n)}
+                    for c in out.outputs],
         "usage": usage(out),
     }
 
 
 def chat_response(rid: str, model: str, created: int, out, top_n: int | None) -> dict:
-    c = out.outputs[0]
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+        "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                      "finish_reason": c.finish_reason,
-                     "logprobs": None if top_n is None else chat_logprobs(c.logprobs, c.token_ids, top_n)}],
+                     "logprobs": None if top_n is None else chat_logprobs(c.logprobs, c.token_ids, top_n)}
+                    for c in out.outputs],
         "usage": usage(out),
     }
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kv_cache import KVCache
-from ..sampling import SamplingParams, make_generator, processed_probs, sample
+from ..sampling import Sampler, SamplingParams, make_generator
 from ..sequence import Sequence
-from .drafts import LayerDraft, NgramDraft, _seen
+from .drafts import LayerDraft, NgramDraft
 from .forward import forward_tokens
 from .verify import accept_draft_tokens
 
@@ -90,6 +90,7 @@ class SpeculativeDecoder:
                       "layers": lambda: LayerDraft(self.model, draft_layers),
                       "none": lambda: None}[draft]()
         self._ids = itertools.count()
+        self.sampler = Sampler()
 
     def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None):
         """Returns (output token ids, SpecDecodeStats)."""
@@ -97,7 +98,8 @@ class SpeculativeDecoder:
         prompt = self._validate(prompt_token_ids, params)
         device = self.model.lm_head.weight.device
         seq = Sequence(request_id=str(next(self._ids)), prompt=None, prompt_token_ids=prompt, params=params,
-                       eos_token_ids=self.eos_token_ids, generator=make_generator(params.seed, device))
+                       eos_token_ids=self.eos_token_ids, generator=make_generator(params.seed, device),
+                       decode=self.tokenizer.decode if self.tokenizer is not None else None)
         stats = SpecDecodeStats()
         start = time.perf_counter()
         # Drafts are capped so nothing is written past the last position a reply can reach.
@@ -108,22 +110,22 @@ class SpeculativeDecoder:
         # Prefill: the first token is sampled from the target as usual.
         logits = forward_tokens(self.model, prompt, 0, cache)[-1]
         stats.num_target_forward_passes += 1
-        self._append(seq, [sample(logits, params, seq.generator, _seen(prompt, params, device))])
+        self._append(seq, self.sampler(logits[None], [seq]).token_ids)  # the engine's sampler
         while not seq.finished:
             self._step(seq, cache, stats)
         if device.type == "cuda":
             torch.cuda.synchronize()
         stats.wall_time_s = time.perf_counter() - start
-        stats.num_generated = len(seq.output_token_ids)
+        stats.num_generated = seq.num_output_tokens
         if self.draft is not None:
             stats.num_draft_forward_passes = self.draft.num_forward_passes
-        return list(seq.output_token_ids), stats
+        return seq.output_token_ids, stats
 
     def _step(self, seq: Sequence, cache: KVCache, stats: SpecDecodeStats) -> None:
         """Draft, verify in one target pass, accept a prefix, append."""
         params, context = seq.params, seq.token_ids
         # A step yields up to k+1 tokens; never draft beyond what max_tokens allows.
-        k = min(self.num_speculative_tokens, params.max_tokens - len(seq.output_token_ids) - 1)
+        k = min(self.num_speculative_tokens, params.max_tokens - seq.num_output_tokens - 1)
         drafts, draft_probs = [], None
         if self.draft is not None and k > 0:
             drafts, draft_probs = self.draft.propose(context, k, params, seq.generator)
@@ -133,10 +135,7 @@ class SpeculativeDecoder:
         # and one more, all in ONE pass.
         logits = forward_tokens(self.model, [context[-1]] + drafts, len(context) - 1, cache)
         stats.num_target_forward_passes += 1
-        target_probs = torch.stack([
-            processed_probs(logits[j], params, _seen(context + drafts[:j], params, logits.device))
-            for j in range(len(drafts) + 1)
-        ])
+        target_probs = self.sampler.draft_target_probs(logits, seq, drafts)
         tokens, num_accepted = accept_draft_tokens(target_probs, draft_probs, drafts, seq.generator)
         stats.num_proposed += len(drafts)
         stats.num_accepted += num_accepted
@@ -148,9 +147,8 @@ class SpeculativeDecoder:
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
         """Add tokens one by one, so EOS, stop ids, stop strings and max_tokens
         cut the reply exactly where plain decoding would."""
-        decode = self.tokenizer.decode if self.tokenizer is not None else _no_text
         for token in tokens:
-            seq.append_token(token, decode)
+            seq.append_token(token)
             if seq.finished:
                 return
 
@@ -185,11 +183,7 @@ def _unwrap(obj):
     if hasattr(obj, "lm_head") and hasattr(obj, "config"):  # a LlamaForCausalLM
         config = obj.config
         return obj, None, list(config.eos_token_ids), config.max_position_embeddings
-    model = getattr(obj, "model", None)
-    if model is None or not hasattr(model, "lm_head"):  # an engine that keeps it in its runner
-        engine = getattr(obj, "llm_engine", obj)
-        runner = getattr(engine, "model_runner", None) or getattr(engine, "runner", None)
-        model = getattr(runner, "model", None)
+    model = getattr(obj, "model", None)  # LLM and LLMEngine both expose .model
     if model is None or not hasattr(model, "lm_head"):
         raise ValueError(f"llm_or_model: expected an LLM or a LlamaForCausalLM, got {type(obj).__name__}")
     tokenizer = getattr(obj, "tokenizer", None)
@@ -207,7 +201,3 @@ def _is_int(x) -> bool:
 def _require(ok: bool, field: str, value, allowed: str) -> None:
     if not ok:
         raise ValueError(f"{field}={value!r} is invalid: must be {allowed}")
-
-
-def _no_text(token_ids) -> str:
-    return ""  # a bare model has no tokenizer: the stopping rules use token ids only

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from ..kv_cache import KVCache
-from ..sampling import SamplingParams, processed_probs
+from ..sampling import SamplingParams, processed_probs, seen_token_ids
 from .forward import forward_tokens
 
 
@@ -82,7 +82,7 @@ class LayerDraft:
             logits = forward_tokens(self.model, feed, valid, self.cache, self.num_layers)[-1]
             self.num_forward_passes += 1
             self.cached = self.cached[:valid] + feed
-            q = processed_probs(logits, params, _seen(context + tokens, params, logits.device))
+            q = processed_probs(logits, params, seen_token_ids(context + tokens, params, logits.device))
             token = int(torch.argmax(q)) if params.greedy else int(torch.multinomial(q, 1, generator=generator))
             tokens.append(token)
             probs.append(q)
@@ -97,10 +97,3 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def _seen(token_ids: list[int], params: SamplingParams, device=None):
-    """The tokens the repetition penalty counts as seen (as in the engine: prompt + output)."""
-    if params.repetition_penalty == 1.0:
-        return None
-    return torch.tensor(sorted(set(token_ids)), device=device)

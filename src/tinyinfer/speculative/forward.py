@@ -45,13 +45,5 @@ def forward_tokens(model, token_ids: list[int], start: int, cache: KVCache,
     device = model.lm_head.weight.device
     ids = torch.tensor([token_ids], device=device)
     positions = torch.arange(start, start + len(token_ids), device=device)[None]
-    meta = step_metadata(positions, start)
-    if num_layers is None:
-        hidden = model(ids, positions, cache, meta)
-    else:  # the same steps as LlamaForCausalLM.forward, stopping after num_layers layers
-        x = model.model.embed_tokens(ids)
-        cos, sin = model.rope_at(positions, x.dtype)
-        for layer in model.model.layers[:num_layers]:
-            x = layer(x, cos, sin, cache, meta)
-        hidden = model.model.norm(x)
+    hidden = model(ids, positions, cache, step_metadata(positions, start), num_layers=num_layers)
     return model.compute_logits(hidden[0])

@@ -1,0 +1,142 @@
+"""Static batching: the baseline chapter 7 measures continuous batching against.
+
+A batch of up to max_num_seqs requests starts together on a contiguous,
+max-length cache (kv_cache.py), right-padded, and nobody new joins until its
+longest member ends. Finished sequences ride along, computing tokens nobody
+reads, because the batch's shape is fixed. Sequence b's prompt sits at
+positions 0..len_b-1 and each later token at the next position; padding slots
+are never attended to, because a query only sees keys at positions <= its own
+(see model.causal_mask).
+
+StaticScheduler and StaticModelRunner have the same interface as Scheduler and
+ModelRunner, so LLMEngine runs the same step for both: set the two files side
+by side to see what continuous batching changes.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from .kv_cache import KVCache
+from .model import AttentionMetadata, causal_mask
+from .model_runner import ModelOutput
+from .scheduler import SchedulerConfig, SchedulerOutput, SchedulerStats
+from .sequence import Sequence, SequenceStatus
+
+
+class StaticScheduler:
+    def __init__(self, config: SchedulerConfig, kv_bytes_per_token: int):
+        self.config = config
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.waiting: deque[Sequence] = deque()
+        self.batch: list[Sequence] = []  # the running batch, finished members included
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s for s in self.batch if not s.finished]
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def check_request(self, seq: Sequence, where: str) -> None:
+        if seq.params.n != 1:
+            raise ValueError(f"SamplingParams.n={seq.params.n} is invalid with scheduling='static': must be 1")
+
+    def schedule(self) -> SchedulerOutput:
+        if all(s.finished for s in self.batch):  # every member ended (or was aborted)
+            self.batch = []
+        if not self.batch:  # start a new batch: everyone prefills together
+            while self.waiting and len(self.batch) < self.config.max_num_seqs:
+                self.batch.append(self.waiting.popleft())
+                self.batch[-1].status = SequenceStatus.RUNNING
+        out = SchedulerOutput()
+        for b, seq in enumerate(self.batch):
+            out.scheduled.append((seq, seq.num_tokens - seq.num_computed_tokens))  # 0 for one that rides along
+            if not seq.finished:
+                out.sampling.append(seq)
+                out.sample_rows.append(b)
+        out.num_decode_tokens = len(out.sampling) if any(s.num_computed_tokens for s in self.batch) else 0
+        return out
+
+    def update_from_output(self, out: SchedulerOutput, sampled) -> list[Sequence]:
+        for seq, n in out.scheduled:
+            if seq.seq_id in sampled.prompt_logprobs:
+                seq.add_prompt_logprobs(0, sampled.prompt_logprobs[seq.seq_id])
+            seq.num_computed_tokens += n
+        now = time.perf_counter()
+        progressed = []
+        for seq, token, logprobs in zip(out.sampling, sampled.token_ids, sampled.logprobs):
+            if not seq.finished:  # not aborted while its step ran
+                seq.append_token(token, logprobs, now)
+                progressed.append(seq)
+        if all(s.finished for s in self.batch):
+            self.batch = []
+        return progressed
+
+    def finish(self, seq: Sequence) -> None:
+        """Aborted: leave the queue, or ride along in the batch until it ends."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def record_stats(self, st: SchedulerStats, out: SchedulerOutput | None = None) -> None:
+        if out is not None:
+            st.num_decode_tokens = out.num_decode_tokens
+            st.num_prefill_tokens = out.num_batched_tokens - out.num_decode_tokens
+        st.num_running, st.num_waiting = len(self.running), len(self.waiting)
+        # The contiguous cache reserves every member's longest possible length.
+        max_len = max((s.num_prompt_tokens + s.params.max_tokens for s in self.batch), default=0)
+        st.kv_bytes_reserved = len(self.batch) * max_len * self.kv_bytes_per_token
+        st.kv_bytes_used = sum(s.num_tokens for s in self.batch) * self.kv_bytes_per_token
+
+
+class StaticModelRunner:
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0):
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.pad_token_id = pad_token_id
+        self.cache: KVCache | None = None
+
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput) -> ModelOutput:
+        batch = [seq for seq, _ in out.scheduled]
+        if all(seq.num_computed_tokens == 0 for seq in batch):
+            return self.prefill(batch, out.sample_rows)
+        return ModelOutput(self.decode(batch)[out.sample_rows])
+
+    def prefill(self, seqs: list[Sequence], rows: list[int]) -> ModelOutput:
+        """Process every prompt in one forward pass and allocate this batch's cache."""
+        lens = [s.num_prompt_tokens for s in seqs]
+        max_len = max(s.num_prompt_tokens + s.params.max_tokens for s in seqs)
+        self.cache = KVCache(self.model.config, len(seqs), max_len, self.dtype, self.device)
+        ids = torch.full((len(seqs), max(lens)), self.pad_token_id, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, : lens[b]] = torch.tensor(s.token_ids)
+        ids = ids.to(self.device)
+        positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        hidden = self.model(ids, positions, self.cache, AttentionMetadata.uniform(positions, 0))
+        last = hidden[torch.arange(len(seqs)), torch.tensor(lens) - 1]
+        prompt_logits = {s.seq_id: (s, 0, self.model.compute_logits(hidden[b, : lens[b] - 1]))
+                         for b, s in enumerate(seqs) if s.wants_prompt_logprobs}
+        return ModelOutput(self.model.compute_logits(last[rows]), prompt_logits)
+
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One new token per sequence, attending to its cache. Returns logits [B, V].
+        Finished sequences ride along with their position frozen, so they never
+        write past their own cache row."""
+        ids = [s.token_ids[-1] for s in seqs]
+        pos = [min(s.num_tokens - 1, self.cache.max_len - 1) for s in seqs]
+        ids = torch.tensor(ids, device=self.device)[:, None]
+        positions = torch.tensor(pos, device=self.device)[:, None]
+        if len(set(pos)) == 1:  # e.g. batch 1: no mask needed, slice writes
+            meta = AttentionMetadata.uniform(positions, pos[0])
+        else:
+            meta = AttentionMetadata(positions, max(pos) + 1, mask=causal_mask(positions, max(pos) + 1))
+        hidden = self.model(ids, positions, self.cache, meta)
+        return self.model.compute_logits(hidden[:, -1])
+
+    def drop_swapped(self, seq_id: str) -> None:
+        pass  # static batching never preempts, so nothing is ever swapped out

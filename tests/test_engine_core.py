@@ -1,0 +1,314 @@
+"""The engine's core on a tiny random model that uses the real tokenizer: fast
+enough to run many steps and many engines.
+
+- the incremental detokenizer gives exactly what decoding the whole reply gives;
+- per-token work stays bounded as the reply grows, shown by COUNTING work
+  (tokens the detokenizer decodes, token ids read from a sequence's list), not time;
+- parallel sampling (n) forks the prompt's blocks, copy-on-write runs, and each
+  sample equals the same seeded request run alone;
+- seeded sampling and prompt logprobs survive forced preemption in both modes;
+- aborting a swapped-out request, and chunked prefill turned off.
+"""
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tinyinfer import LLM, LLMEngine, SamplingParams
+from tinyinfer.detokenizer import IncrementalDetokenizer
+from tinyinfer.tokenizer import Tokenizer
+
+VOCAB = 49152  # the real tokenizer's, so text and multi-byte characters are real
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, default_model_dir):
+    """A 2-layer random Llama with the default model's tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir / name, folder / name)
+    return str(folder)
+
+
+def tiny_engine(tiny_dir, **kw):
+    kw.setdefault("num_kv_blocks", 256)  # not the default 512 MiB pool: many engines are built here
+    return LLMEngine(tiny_dir, dtype="float32", device="cpu", **kw)
+
+
+def run(engine, requests):
+    """requests: {request_id: (prompt ids, SamplingParams)} -> {request_id: final RequestOutput}."""
+    for rid, (ids, params) in requests.items():
+        engine.add_request({"prompt_token_ids": ids}, params, request_id=rid)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
+def prompt(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+# --- the incremental detokenizer ---------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["text", "random"])
+def test_incremental_detokenizer_equals_decoding_everything(default_model_dir, case):
+    """Emoji, CJK and accents split over byte-level tokens, and random token
+    streams (which hold bytes that never form a character): the pieces joined
+    must be exactly the full decode, and no piece may end in half a character."""
+    tok = Tokenizer(default_model_dir)
+    if case == "text":
+        streams = [tok.encode(t) for t in ["emoji 🎉🚀 fun", "日本語のテキスト", "naïve café — ok", "a\n\n  b"]]
+    else:
+        rng = random.Random(0)
+        streams = [[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]
+        streams.append([tok.encode("🎉")[0]] * 5 + tok.encode(" ok"))  # lead bytes that never complete
+    for ids in streams:
+        ids_list = [7]  # a prompt token that must not show up in the text
+        detok = IncrementalDetokenizer(tok.decode, ids_list, start=1)
+        pieces = []
+        for t in ids:
+            ids_list.append(t)
+            pieces.append(detok.add())
+        pieces.append(detok.flush())
+        assert "".join(pieces) == tok.decode(ids)
+        assert not any(p.endswith("\ufffd") for p in pieces[:-1] if p) or case == "random"
+
+
+# --- O(1) work per token, by counting ------------------------------------------------
+
+
+class CountingList(list):
+    """A token list that counts how many ids are read out of it in Python: by
+    slicing, iterating, copying or concatenating. (C code that reads a list
+    directly, such as torch.tensor(list), is not counted; the engine only
+    passes it slices, which are.)"""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        got = list.__getitem__(self, i)
+        CountingList.reads += len(got) if isinstance(i, slice) else 1
+        return got
+
+    def __iter__(self):
+        CountingList.reads += len(self)
+        return list.__iter__(self)
+
+    def __add__(self, other):
+        CountingList.reads += len(self)
+        return list.__add__(self, other)
+
+    def copy(self):
+        CountingList.reads += len(self)
+        return list.copy(self)
+
+
+def per_step_work(engine, prompt_ids, max_tokens):
+    """Per decode step: (token ids read from the sequence's list, tokens decoded)."""
+    seq = engine.make_sequence({"prompt_token_ids": prompt_ids},
+                               SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    seq.token_ids = seq.detokenizer.token_ids = CountingList(seq.token_ids)
+    engine.add_sequence(seq)
+    engine.step()  # the prefill (and its prefix-cache hashing) happens once
+    reads, decoded = [], []
+    while engine.has_unfinished_requests():
+        CountingList.reads, before = 0, seq.detokenizer.num_decoded_tokens
+        outs = engine.step()
+        reads.append(CountingList.reads)
+        decoded.append(seq.detokenizer.num_decoded_tokens - before)
+    assert len(outs[0].outputs[0].token_ids) == max_tokens
+    return reads, decoded
+
+
+def test_per_token_work_stays_bounded_as_the_reply_grows(tiny_dir):
+    """With one concatenated token list and a full re-decode per token, both
+    counts would grow with the reply (about 600 ids read and 400 tokens decoded
+    per step at its end). Here they stay a small constant: the step's own token,
+    a block's 16 ids when a block fills and is hashed, a detokenizer window."""
+    engine = tiny_engine(tiny_dir, block_size=16)
+    reads, decoded = per_step_work(engine, prompt(200, 1), max_tokens=400)
+    early, late = slice(0, 50), slice(-50, None)
+    assert max(reads) <= 48 and max(decoded) <= 24, (max(reads), max(decoded))
+    assert max(reads[late]) <= max(reads[early]) and max(decoded[late]) <= max(decoded[early]) + 4
+    assert sum(decoded) <= 8 * len(decoded)  # amortised: a handful of tokens per token
+
+
+# --- parallel sampling: fork and copy-on-write -------------------------------------------
+
+
+def test_parallel_samples_share_the_prompt_and_equal_seeded_runs_alone(tiny_dir, monkeypatch):
+    """n=3 with seed 7: sample i draws from its own stream seeded 7+i (vLLM's
+    rule), so it must equal a lone n=1 request with seed 7+i, token for token.
+    The prompt (37 tokens: a partly filled third block) is prefilled once and
+    its blocks shared; the first write into the shared block copies it. Were
+    the copy skipped, the samples would overwrite each other's keys and values
+    there and their tokens would drift from the lone runs."""
+    llm = LLM(tiny_dir, dtype="float32", device="cpu", block_size=16, num_kv_blocks=64)
+    engine = llm.llm_engine
+    copies, computed = [], []
+    real_copy = engine.model_runner.paged_cache.copy_blocks
+    monkeypatch.setattr(engine.model_runner.paged_cache, "copy_blocks",
+                        lambda c: (copies.extend(c), real_copy(c)))
+    real_execute = engine.model_runner.execute_model
+    monkeypatch.setattr(engine.model_runner, "execute_model",
+                        lambda out: (computed.append(out.num_batched_tokens), real_execute(out))[1])
+    ids = {"prompt_token_ids": prompt(37, 2)}
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True, logprobs=1)
+    out = llm.generate(ids, params)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert computed[0] == 37  # the prompt ran once, not three times
+    assert len(copies) == 2  # two of the three sharers copied the shared partly filled block
+    assert engine.block_manager.num_used_blocks == 0  # every block came back
+    alone = [llm.generate(ids, SamplingParams(temperature=1.0, seed=7 + i, max_tokens=12, ignore_eos=True,
+                                              logprobs=1))[0].outputs[0] for i in range(3)]
+    for got, want in zip(out.outputs, alone):
+        assert got.token_ids == want.token_ids and got.text == want.text
+        assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-4)
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 3  # different streams, different samples
+    again = llm.generate(ids, params)[0]  # seeded: reproducible
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+def test_parallel_sampling_checks_its_settings(tiny_dir):
+    engine = tiny_engine(tiny_dir, max_num_seqs=4)
+    with pytest.raises(ValueError, match="SamplingParams.n"):
+        SamplingParams(n=0)
+    with pytest.raises(ValueError, match=r"n=5 is invalid: must be <= max_num_seqs \(4\)"):
+        engine.add_request("hi", SamplingParams(n=5))
+    static = tiny_engine(tiny_dir, scheduling="static")
+    with pytest.raises(ValueError, match="scheduling='static'"):
+        static.add_request("hi", SamplingParams(n=2))
+    assert not engine.has_unfinished_requests() and not static.has_unfinished_requests()
+
+
+# --- preemption, swap, chunked prefill ----------------------------------------------------
+
+
+def workload():
+    """Seeded sampled requests, some with prompt logprobs, and one with n=2."""
+    reqs = {}
+    for i in range(4):
+        reqs[f"r{i}"] = (prompt(20 + 14 * i, 10 + i),
+                         SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=20, ignore_eos=True,
+                                        logprobs=2, prompt_logprobs=2 if i % 2 == 0 else None))
+    reqs["n2"] = (prompt(30, 99), SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=16, ignore_eos=True))
+    return reqs
+
+
+def same_output(got, want):
+    assert [c.token_ids for c in got.outputs] == [c.token_ids for c in want.outputs]
+    for g, w in zip(got.outputs, want.outputs):
+        assert g.text == w.text
+        for pg, pw in zip(g.logprobs or [], w.logprobs or []):
+            assert pg.keys() == pw.keys()
+            assert [x.logprob for x in pg.values()] == pytest.approx([x.logprob for x in pw.values()], abs=1e-4)
+    assert (got.prompt_logprobs is None) == (want.prompt_logprobs is None)
+    for pg, pw in zip(got.prompt_logprobs or [], want.prompt_logprobs or []):
+        assert (pg is None) == (pw is None)
+        if pg is not None:
+            assert pg.keys() == pw.keys()
+            assert [x.logprob for x in pg.values()] == pytest.approx([x.logprob for x in pw.values()], abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_seeded_sampling_and_prompt_logprobs_survive_preemption(tiny_dir, mode):
+    """A pool of 12 blocks of 8 tokens cannot hold these requests at once, and a
+    budget of 40 tokens per step chunks the longer prompts: sequences are
+    preempted mid-reply and mid-prompt. Each request must still give what it
+    gives alone on a roomy engine: the same seeded tokens, logprobs and prompt
+    logprobs (collected across chunks, and again after a recompute)."""
+    reqs = workload()
+    alone = {}
+    for rid, req in reqs.items():
+        alone.update(run(tiny_engine(tiny_dir, block_size=8), {rid: req}))
+    busy = tiny_engine(tiny_dir, block_size=8, num_kv_blocks=12, max_num_batched_tokens=40, preemption_mode=mode)
+    together = run(busy, reqs)
+    assert busy.stats.num_preemptions > 0, "the pool was meant to force preemption"
+    if mode == "swap":
+        assert busy.stats.num_swapped_out == busy.stats.num_swapped_in > 0 and not busy.model_runner.swapped
+    assert busy.block_manager.num_used_blocks == 0
+    for rid in reqs:
+        same_output(together[rid], alone[rid])
+
+
+def test_aborting_a_swapped_out_request_frees_its_host_copy(tiny_dir):
+    """Step until a request sits swapped out in host memory, abort it: its host
+    copy goes, the engine keeps serving the others, and every block comes back."""
+    engine = tiny_engine(tiny_dir, block_size=8, num_kv_blocks=10, preemption_mode="swap")
+    for i in range(4):
+        engine.add_request({"prompt_token_ids": prompt(20, i)}, SamplingParams(max_tokens=30, temperature=0,
+                                                                              ignore_eos=True), request_id=f"r{i}")
+    victim = None
+    for _ in range(200):
+        engine.step()
+        swapped = [rid for rid in engine.model_runner.swapped]
+        if swapped:
+            victim = swapped[0]
+            break
+    assert victim is not None, "no request was swapped out"
+    engine.abort_request(victim)
+    assert victim not in engine.model_runner.swapped and victim not in engine.requests
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert victim not in finished and len(finished) == 3
+    assert all(len(o.outputs[0].token_ids) == 30 for o in finished.values())
+    assert engine.block_manager.num_used_blocks == 0 and not engine.model_runner.swapped
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_fits_it(tiny_dir):
+    """enable_chunked_prefill=False: a prompt is never cut. A 60-token prompt
+    with a 64-token budget waits while others decode, then runs whole; the
+    tokens equal those of the chunked engine."""
+    reqs = {"a": (prompt(50, 1), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)),
+            "b": (prompt(60, 2), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))}
+    whole = tiny_engine(tiny_dir, max_num_batched_tokens=64, enable_chunked_prefill=False)
+    sizes = []
+    real_execute = whole.model_runner.execute_model
+    whole.model_runner.execute_model = lambda out: (sizes.append([n for _, n in out.scheduled]), real_execute(out))[1]
+    got = run(whole, reqs)
+    assert sizes[0] == [50]  # b's 60 tokens do not fit the 14 left: b waits, whole
+    assert sizes[1] == [1, 60]  # next step they fit beside a's decode token
+    assert all(n in (1, 50, 60) for step in sizes for n in step)  # never a chunk
+    want = run(tiny_engine(tiny_dir, max_num_batched_tokens=32), reqs)  # chunked into 32s
+    assert {r: o.outputs[0].token_ids for r, o in got.items()} == {r: o.outputs[0].token_ids for r, o in want.items()}
+
+
+def test_the_server_returns_n_choices(tiny_dir):
+    """POST /v1/completions with n=2 (whole and streamed): one choice per sample,
+    each equal to the offline API's sample with the same index."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tinyinfer.server import build_app
+    from tinyinfer.server.background import BackgroundServer
+
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 3, "n": 2,
+            "ignore_eos": True}
+    llm = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    want = llm.generate(body["prompt"], SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=3,
+                                                       ignore_eos=True))[0].outputs
+    with BackgroundServer(build_app(tiny_engine(tiny_dir), model_name="tiny")) as server:
+        whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        streamed = {0: "", 1: ""}
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        streamed[choice["index"]] += choice["text"]
+    assert [(c["index"], c["text"]) for c in whole["choices"]] == [(c.index, c.text) for c in want]
+    assert whole["usage"]["completion_tokens"] == 12
+    assert streamed == {c.index: c.text for c in want}
+    assert want[0].text != want[1].text
