@@ -24,5 +24,7 @@ def test_decode_benchmark_prints_a_row_per_dtype_and_batch():
         assert int(m[2]) == batch
         ours, theirs, ratio, lo, hi = map(float, m.group(3, 4, 5, 6, 7))
         assert ours > 0 and theirs > 0
-        assert ratio == pytest.approx(ours / theirs, rel=0.03)  # best against best (printed values are rounded)
+        # best against best; the printed tok/s are rounded to 0.1, which matters when a loaded
+        # machine makes them small, so the ratio must lie within what the rounding allows
+        assert (ours - 0.05) / (theirs + 0.05) * 0.99 <= ratio <= (ours + 0.05) / (theirs - 0.05) * 1.01
         assert 0 < lo <= hi  # the per-pair spread
