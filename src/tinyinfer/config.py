@@ -97,8 +97,18 @@ class ModelConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def kv_bytes_per_token(self, bytes_per_value: float) -> float:
-        """A key and a value vector per KV head per layer: what one token adds to the KV cache."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_value
+        """What one token adds to the KV cache (see kv_bytes_per_token below)."""
+        return kv_bytes_per_token(self, bytes_per_value)
+
+
+def kv_bytes_per_token(shape, bytes_per_value: float = 2) -> float:
+    """Bytes the KV cache holds for one token of one sequence: a key and a value
+    vector of `head_dim` numbers per KV head, in every layer. `shape` is a
+    ModelConfig or anything with its three fields (memory.KVShape). Query heads
+    do not appear: with grouped-query attention several share one KV head, and
+    only KV heads are cached. The one home of this formula: the engine sizes its
+    pool with it, hardware and memory compute with it."""
+    return 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * bytes_per_value
 
 
 # --- the engine's settings ------------------------------------------------------------

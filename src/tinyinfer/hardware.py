@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from .config import ModelConfig, kv_bytes_per_token  # noqa: F401  (re-exported: chapters use hardware.kv_bytes_per_token)
 
 # ------------------------------------------------------------------ measuring
 
@@ -138,12 +138,6 @@ class Roofline:
 
 
 # ------------------------------------------------------------------ the model's cost per step
-
-
-def kv_bytes_per_token(config: ModelConfig, bytes_per_value: float = 2) -> float:
-    """Bytes the KV cache holds for one token of one sequence: a key and a value
-    vector per KV head, in every layer."""
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * bytes_per_value
 
 
 @dataclass(frozen=True)
