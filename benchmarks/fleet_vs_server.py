@@ -28,7 +28,11 @@ times within one run; --threads 1 keeps the comparison meaningful there. On
 2026-11-30, on a 2-core machine shared with four other jobs: --threads 1 passed
 three runs out of three (e2e p50/p95 sim/real 0.88/0.97, 0.96/0.99, 0.87/1.03);
 the defaults (2 threads) failed one run (1.35/0.94, with the server 20 times
-slower than when the machine is quiet).
+slower than when the machine is quiet). On 2026-12-01, on the same machine with
+nothing else running, the defaults passed three runs out of three (1.01/0.95,
+1.04/0.97, 1.03/0.96), while the offline calibration of step 1 still
+under-predicted by 23-36% (0.69-0.77 / 0.64-0.71): batched steps in the served
+run cost more than calibrate_steps measures offline, a gap not yet explained.
 """
 from __future__ import annotations
 
