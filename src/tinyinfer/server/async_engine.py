@@ -89,10 +89,11 @@ class AsyncEngine:
     @property
     def tokenizer(self):
         if self._tokenizer is None:  # a spawned core: this process tokenizes chats itself
+            from ..config import DEFAULT_MODEL
             from ..tokenizer import Tokenizer
             from ..weights import resolve_model
 
-            self._tokenizer = Tokenizer(resolve_model(self.engine_kwargs.get("model", "smollm2-135m-instruct")))
+            self._tokenizer = Tokenizer(resolve_model(self.engine_kwargs.get("model", DEFAULT_MODEL)))
         return self._tokenizer
 
     @property
