@@ -128,16 +128,25 @@ def _collect(attr: str) -> dict:
     return merged
 
 
-# For every check in labcheck: implementations that are wrong in a plausible
-# way, and the course's reference that must pass.
+# For every check in labcheck:
+# - WRONG: implementations that are wrong in a plausible way; each must fail.
+# - REFERENCE: a correct implementation written independently of the check
+#   (not labcheck's reference, not the engine's function: the check refuses
+#   those), which must pass. So the expected values are not the answer checked
+#   against itself.
+# - ANSWERS: the course's own answers (labcheck.reference_*, the engine's
+#   function, PyTorch's fused kernel), which must be refused as such, passed
+#   straight in or wrapped.
 WRONG = _collect("WRONG")
 REFERENCE = _collect("REFERENCE")
+ANSWERS = _collect("ANSWERS")
 CHECKS = sorted(name for name in dir(labcheck) if name.startswith("check_"))
 
 
-def test_every_check_has_wrong_implementations_and_a_reference():
+def test_every_check_has_wrong_implementations_a_reference_and_answers():
     assert set(CHECKS) <= set(WRONG), f"add wrong implementations for {set(CHECKS) - set(WRONG)}"
     assert set(CHECKS) <= set(REFERENCE), f"add a reference for {set(CHECKS) - set(REFERENCE)}"
+    assert set(CHECKS) <= set(ANSWERS), f"add the course's answers for {set(CHECKS) - set(ANSWERS)}"
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -152,6 +161,23 @@ def test_check_fails_on_wrong_implementations(check, capsys):
 def test_check_passes_on_reference(check, capsys):
     assert getattr(labcheck, check)(REFERENCE[check]()) is True
     assert capsys.readouterr().out.startswith("✓")
+
+
+def _wrapped(answer):
+    """The answer hidden one level down: a subclass, or a function that calls it."""
+    if isinstance(answer, type):
+        return type("Mine", (answer,), {})
+    return lambda *args: answer(*args)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_check_refuses_the_courses_own_answer(check, capsys):
+    assert ANSWERS[check], f"{check}: list at least the labcheck reference or the engine's function"
+    for answer in ANSWERS[check]:
+        for given in (answer, _wrapped(answer)):
+            assert getattr(labcheck, check)(given) is False, (check, answer)
+            out = capsys.readouterr().out
+            assert out.startswith("✗") and "the course's own answer" in out, out
 
 
 def _raises_value_error(*args):

@@ -4,6 +4,7 @@ One module per lab; every public `check_*` and `reference_*` is re-exported here
 so notebooks write `labcheck.check_bpe_encode_piece(fn)` whatever the lab.
 """
 from .core import Case, _report, compare_prediction  # noqa: F401
+from . import my_engine  # noqa: F401
 from .beyond import (  # noqa: F401
     check_parse_tool_call, check_run_agent, check_select_context, check_token_costs, reference_parse_tool_call,
     reference_run_agent, reference_select_context, reference_token_costs,
