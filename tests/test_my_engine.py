@@ -129,3 +129,26 @@ def test_forbidding_a_module_class_does_not_forbid_torch(capsys):
     cases = lambda: [Case((torch.ones(1, 2),), layer(torch.ones(1, 2)), "x")]  # noqa: E731
     assert _report("linear", layer, cases, same=torch.allclose, forbidden=(RMSNorm,)) is True
     assert sys.getprofile() is None  # the watch leaves no profiler behind
+
+
+def test_a_decorated_answer_is_watched_by_its_own_code(capsys):
+    """torch.inference_mode() wraps every function in the same wrapper code: the
+    watch must look through it, or it would refuse every decorated function."""
+    @torch.inference_mode()
+    def answer(x):
+        return x * 2
+
+    @torch.inference_mode()
+    def mine(x):
+        return x + x
+
+    assert _report("double", mine, _double_cases, same=torch.equal, forbidden=(answer,)) is True
+    assert _report("double", lambda x: answer(x), _double_cases, same=torch.equal, forbidden=(answer,)) is False
+    capsys.readouterr()
+
+
+def test_a_check_may_keep_the_object_behind_its_wrapper(folder, capsys):
+    ns = _cell("def my_rope(x):\n    return x * 2\n", "/tmp/ipykernel_1/cell_d.py")
+    wrapper = lambda x: ns["my_rope"](x)  # noqa: E731  (what a check builds around the learner's code)
+    assert _report("double", wrapper, _double_cases, same=torch.equal, keep=("rope", ns["my_rope"])) is True
+    assert "__piece__ = my_rope" in (folder / "rope.py").read_text()
