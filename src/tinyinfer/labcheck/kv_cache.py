@@ -266,8 +266,10 @@ def _cache_cases() -> list[Case]:
 def _run_cache(cls):
     def run(seed, batch, max_len, steps):
         # Your class, with the check's own attention and update: only the cache is tested here.
-        checked = type(getattr(cls, "__name__", "KVCache"), (cls,), {
-            "attention": staticmethod(_attention_for_checks), "update_kv_cache": staticmethod(_update_for_checks)})
+        checked = cls
+        if isinstance(cls, type):
+            checked = type(cls.__name__, (cls,), {"attention": staticmethod(_attention_for_checks),
+                                                  "update_kv_cache": staticmethod(_update_for_checks)})
         return _play(checked, seed, batch, max_len, steps)
     return _Runs(cls, run)
 
