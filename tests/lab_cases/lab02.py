@@ -100,7 +100,8 @@ def _engine_attention(q, k, v):
     cache.v[0, :, :, : Tk - Tq] = v[:, :, : Tk - Tq]
     positions = torch.arange(Tk - Tq, Tk).expand(B, Tq)
     meta = AttentionMetadata.general(positions, cache)
-    out = cache.attend(0, q.transpose(1, 2), k[:, :, Tk - Tq :].transpose(1, 2), v[:, :, Tk - Tq :].transpose(1, 2), meta)
+    new_k, new_v = k[:, :, Tk - Tq :].transpose(1, 2), v[:, :, Tk - Tq :].transpose(1, 2)
+    out = cache.attend(0, q.transpose(1, 2), new_k, new_v, meta)
     return out.view(B, Tq, H, D).transpose(1, 2)
 
 

@@ -121,8 +121,8 @@ class _Outcome:
                 and self.passes == other.passes and self.caches == other.caches)
 
     def __repr__(self):
-        passes = f"{len(self.passes)} forward passes: " + ", ".join(
-            f"{t} token{'s' if t > 1 else ''} at {p}" for t, p in self.passes[:6]) + (", ..." if len(self.passes) > 6 else "")
+        shown = ", ".join(f"{t} token{'s' if t > 1 else ''} at {p}" for t, p in self.passes[:6])
+        passes = f"{len(self.passes)} forward passes: {shown}" + (", ..." if len(self.passes) > 6 else "")
         cache = "" if self.caches is None else f", {self.caches} cache(s) made from cache_class"
         return f"tokens {self.tokens}; {passes}{cache}"
 

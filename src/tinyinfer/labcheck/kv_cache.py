@@ -209,14 +209,15 @@ class _Run:
                 and close(self.k, other.k) and close(self.v, other.v) and self.past_end == other.past_end)
 
     def __repr__(self):
-        def tensor(t):
+        def numbers(t, index, n):
             if not isinstance(t, torch.Tensor):
                 return f"{type(t).__name__} (not a tensor)"
-            return f"shape {list(t.shape)}, [0, 0, 0, :, 0] = [{', '.join(f'{x:.3f}' for x in t[0, 0, 0, :, 0].tolist())}]"
-        steps = "; ".join(f"step {i + 1}: [{', '.join(f'{x:.3f}' for x in t[0, -1, :3].tolist())}, ...]"
-                          if isinstance(t, torch.Tensor) else f"step {i + 1}: {t!r}" for i, t in enumerate(self.logits))
-        return (f"logits of the last position, first 3: {steps}\n              cache.k {tensor(self.k)}; "
-                f"cache.v {tensor(self.v)}; visible_length just past the end: {self.past_end}")
+            return " ".join(f"{x:.2f}" for x in t[index].flatten()[:n].tolist())
+        steps = " | ".join(numbers(t, (0, -1), 2) for t in self.logits)
+        shape = list(self.k.shape) if isinstance(self.k, torch.Tensor) else "-"
+        return (f"visible_length past the end: {self.past_end}; logits per step (2 numbers each): {steps}; "
+                f"cache.k {shape}, [0, 0, 0, :3, 0] = {numbers(self.k, (0, 0, 0, slice(0, 3), 0), 3)}, "
+                f"cache.v [0, 0, 0, :3, 0] = {numbers(self.v, (0, 0, 0, slice(0, 3), 0), 3)}")
 
 
 @torch.inference_mode()
@@ -248,7 +249,8 @@ def _cache_cases() -> list[Case]:
     from ..kv_cache import KVCache
 
     rows = [  # seed, batch, max_len, steps [(new tokens, uniform metadata?)], what
-        (0, 1, 12, [(5, False)] + [(1, False)] * 4, "a prefill of 5 tokens, then 4 decode steps (metadata from the cache)"),
+        (0, 1, 12, [(5, False)] + [(1, False)] * 4,
+         "a prefill of 5 tokens, then 4 decode steps (metadata from the cache)"),
         (1, 1, 10, [(4, True)] + [(1, True)] * 3, "a prefill of 4 tokens, then 3 decode steps (uniform metadata)"),
         (2, 2, 8, [(3, True)] + [(1, False)] * 3, "batch 2: a prefill of 3 tokens each, then 3 decode steps"),
         (3, 1, 12, [(4, False), (3, False), (1, False), (1, False)],
