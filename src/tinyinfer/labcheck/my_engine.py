@@ -45,6 +45,7 @@ PIECES = {
     "schedule": ("lab 7", "reference_schedule"),
     "prefix_hashes": ("lab 7", "reference_prefix_hashes"),
     "run_engine": ("lab 7", "reference_run_engine"),
+    "paged_attention": ("lab 11", "reference_paged_attention"),
 }
 
 
