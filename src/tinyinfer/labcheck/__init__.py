@@ -10,7 +10,7 @@ from .beyond import (  # noqa: F401
     reference_run_agent, reference_select_context, reference_token_costs,
 )
 from .batching import ReferenceBlockAllocator, check_block_allocator  # noqa: F401
-from .capstone import check_paged_attention, compare_with_engine, reference_paged_attention  # noqa: F401
+from .paged_attention import check_paged_attention, compare_with_engine, reference_paged_attention  # noqa: F401
 from .attention import check_causal_gqa_attention, check_rope, reference_causal_gqa_attention, reference_rope  # noqa: F401
 from .fleets import check_p95_and_goodput, check_power_of_two, reference_p95_and_goodput, reference_power_of_two  # noqa: F401
 from .kv_cache import ReferenceKVCache, check_kv_cache, check_update_kv_cache, reference_update_kv_cache  # noqa: F401

@@ -5,7 +5,7 @@ Collected by tests/test_labs.py."""
 import torch
 
 from tinyinfer import labcheck
-from tinyinfer.labcheck.capstone import _engine
+from tinyinfer.labcheck.paged_attention import _engine
 
 
 def _paged(q, k, v, k_pool, v_pool, batch, block_size, attention, *, slot="paged", write=True, new_at="end",
