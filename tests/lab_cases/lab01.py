@@ -1,6 +1,6 @@
 """Lab 1 (tokens): wrong implementations each check must reject, and the
-reference each must accept. Collected by tests/test_labs.py."""
-from tinyinfer import labcheck
+reference each must accept, and the course answers each must refuse. Collected by tests/test_labs.py."""
+from tinyinfer import bpe, labcheck
 
 
 def _greedy_left_to_right_bpe(piece, ranks):
@@ -45,8 +45,45 @@ WRONG = {
         lambda texts, toks: {t: {n: len(x) for n in toks} for t, x in texts.items()},
     ],
 }
+
+
+# --- correct implementations written here, independently of labcheck and the engine
+
+
+def _bpe_by_lowest_rank(piece, ranks):
+    # Each round, scan the pairs and remember the lowest rank; stop when no pair is a token.
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while True:
+        ranked = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if a + b in ranks]
+        if not ranked:
+            return [ranks[p] for p in parts]
+        _, i = min(ranked)  # lowest rank, then the leftmost position
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def _count(text, tok):
+    return sum(1 for _ in tok.encode(text))
+
+
+def _compare(texts, toks):
+    return {t: {n: sum(1 for _ in tok.encode(x)) for n, tok in toks.items()} for t, x in texts.items()}
+
+
+def _tiktoken_piece(piece, ranks):
+    return labcheck._cl100k()._encode_single_piece(piece)  # ignores the toy ranks, and is tiktoken's answer
+
+
+def _last_merge_step(piece, ranks):
+    return [ranks[p] for p in bpe.bpe_merge_steps(piece, ranks)[-1]]
+
+
 REFERENCE = {
-    "check_bpe_encode_piece": lambda: __import__("tinyinfer.bpe", fromlist=["x"]).bpe_encode_piece,
-    "check_count_tokens": lambda: labcheck.reference_count_tokens,
-    "check_compare_tokenizers": lambda: labcheck.reference_compare_tokenizers,
+    "check_bpe_encode_piece": lambda: _bpe_by_lowest_rank,
+    "check_count_tokens": lambda: _count,
+    "check_compare_tokenizers": lambda: _compare,
+}
+ANSWERS = {
+    "check_bpe_encode_piece": [bpe.bpe_encode_piece, _tiktoken_piece, _last_merge_step],
+    "check_count_tokens": [labcheck.reference_count_tokens],
+    "check_compare_tokenizers": [labcheck.reference_compare_tokenizers],
 }

@@ -138,10 +138,72 @@ WRONG = {
     "check_sample": [_sample_argmax, _sample_ignores_temperature, _sample_multiplies_temperature,
                      _sample_global_rng, _sample_uniform],
 }
+
+
+# --- correct implementations written here, independently of the engine's sampling.py
+
+
+def _temperature(logits, t):
+    return torch.div(logits, t)
+
+
+def _top_k(logits, k):
+    out = logits.clone()
+    if 0 < k < logits.numel():
+        kth = sorted(logits.tolist(), reverse=True)[k - 1]
+        out[logits < kth] = -INF
+    return out
+
+
+def _top_p(logits, p):
+    probs = torch.softmax(logits, -1).tolist()
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    keep, mass = [], 0.0
+    for i in order:  # add tokens, most likely first, until their mass reaches p
+        keep.append(i)
+        mass += probs[i]
+        if mass >= p:
+            break
+    out = torch.full_like(logits, -INF)
+    out[keep] = logits[keep]
+    return out
+
+
+def _repetition_penalty(logits, seen, penalty):
+    out = logits.clone()
+    for t in set(seen.tolist()):
+        out[t] = out[t] / penalty if out[t] > 0 else out[t] * penalty
+    return out
+
+
+def _sample_inverse_cdf(logits, t, generator):
+    if t == 0:
+        return max(range(logits.numel()), key=lambda i: float(logits[i]))
+    probs = torch.softmax(logits / t, -1)
+    u = torch.rand((), generator=generator)
+    i = int(torch.searchsorted(probs.cumsum(-1), u, right=True))
+    return min(i, int(torch.nonzero(probs).max()))  # rounding can leave the total a hair below u
+
+
+def _engine_sample(logits, t, generator):
+    return sampling.sample(logits, sampling.SamplingParams(temperature=t), generator)
+
+
+def _engine_top_p(logits, p):
+    return sampling.process_logits(logits, sampling.SamplingParams(temperature=1.0, top_p=p))
+
+
 REFERENCE = {
-    "check_temperature": lambda: sampling.apply_temperature,
-    "check_top_k": lambda: sampling.apply_top_k,
-    "check_top_p": lambda: sampling.apply_top_p,
-    "check_repetition_penalty": lambda: sampling.apply_repetition_penalty,
-    "check_sample": lambda: labcheck.reference_sample,
+    "check_temperature": lambda: _temperature,
+    "check_top_k": lambda: _top_k,
+    "check_top_p": lambda: _top_p,
+    "check_repetition_penalty": lambda: _repetition_penalty,
+    "check_sample": lambda: _sample_inverse_cdf,
+}
+ANSWERS = {
+    "check_temperature": [sampling.apply_temperature],
+    "check_top_k": [sampling.apply_top_k],
+    "check_top_p": [sampling.apply_top_p, _engine_top_p],
+    "check_repetition_penalty": [sampling.apply_repetition_penalty],
+    "check_sample": [labcheck.reference_sample, _engine_sample],
 }

@@ -1,11 +1,13 @@
 """Lab 8 (from one machine to a fleet): wrong implementations each check must
-reject, and the reference each must accept. Collected by tests/test_labs.py."""
+reject, and the reference each must accept, and the course answers each must refuse. Collected by tests/test_labs.py."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
 from tinyinfer import labcheck
 from tinyinfer.bench.results import calculate_metrics
+from tinyinfer.fleet.router import PowerOfTwo
 
 
 def _least_loaded_overall(loads, rng):
@@ -105,19 +107,60 @@ def _p95_of_ttft(records, slos, duration):
     return float(np.percentile([r.ttft * 1e3 for r in ok], 95)), sum(_slo_met(r, slos) for r in ok) / duration
 
 
-def _library(records, slos, duration):
-    res = calculate_metrics(records, duration, percentiles=(95,), goodput=slos)
-    return res.e2el.p(95), res.request_goodput
-
-
 WRONG = {
     "check_power_of_two": [_least_loaded_overall, _one_random_replica, _more_loaded_of_two, _with_replacement,
                            _tie_to_higher_index, _tie_to_first_drawn],
     "check_p95_and_goodput": [_nearest_rank_p95, _p95_in_seconds, _slos_compared_in_seconds, _goodput_per_request,
                               _any_slo_is_enough, _one_token_misses_tpot, _strict_less_than, _p95_of_ttft],
 }
+
+
+# --- correct implementations written here, independently of labcheck and the engine
+
+
+def _two_choices(loads, rng):
+    if len(loads) < 2:
+        return 0
+    pair = [int(x) for x in rng.choice(len(loads), size=2, replace=False)]
+    pair.sort(key=lambda r: (loads[r], r))  # fewer outstanding first; a tie to the lower index
+    return pair[0]
+
+
+def _percentile(values, q):
+    """Linear interpolation between the two nearest ranks (numpy's default, and vLLM's)."""
+    xs = sorted(values)
+    rank = q / 100 * (len(xs) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+def _p95_goodput(records, slos, duration):
+    ok = [r for r in records if r.ok]
+    good = 0
+    for r in ok:
+        ms = {"ttft": r.ttft * 1e3, "tpot": (r.tpot or 0.0) * 1e3, "e2el": r.e2el * 1e3}
+        good += all(ms[k] <= slo for k, slo in slos.items())
+    return _percentile([r.e2el * 1e3 for r in ok], 95), good / duration
+
+
+def _engine_router(loads, rng):
+    router = PowerOfTwo()
+    router.rng = rng  # the check's generator, so the draws are the same
+    return router.choose(None, [SimpleNamespace(id=i, outstanding=n) for i, n in enumerate(loads)]).id
+
+
+def _library(records, slos, duration):
+    res = calculate_metrics(records, duration, percentiles=(95,), goodput=slos)
+    return res.e2el.p(95), res.request_goodput
+
+
 REFERENCE = {
-    "check_power_of_two": lambda: labcheck.reference_power_of_two,
+    "check_power_of_two": lambda: _two_choices,
+    "check_p95_and_goodput": lambda: _p95_goodput,
+}
+ANSWERS = {
+    "check_power_of_two": [labcheck.reference_power_of_two, _engine_router],
     # The definition itself: tinyinfer.bench's metrics, which follow vLLM's benchmark.
-    "check_p95_and_goodput": lambda: _library,
+    "check_p95_and_goodput": [labcheck.reference_p95_and_goodput, _library],
 }

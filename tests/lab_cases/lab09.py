@@ -1,11 +1,12 @@
-"""Lab 9 (the toolbox): wrong accept/reject rules the speculative-decoding check
-must reject, and the reference it must accept. Collected by tests/test_labs.py.
+"""Lab 9 (speculative decoding): wrong accept/reject rules the check must
+reject, a correct rule written here that it must accept, and the course's
+answer (the engine's accept_draft_tokens) that it must refuse. Collected by tests/test_labs.py.
 
 Each wrong rule returns well-formed answers; some pass every exact (greedy)
 case and are caught only by the distribution test."""
 import torch
 
-from tinyinfer import labcheck
+from tinyinfer import labcheck, speculative
 
 
 def _one_hot(x, like):
@@ -55,5 +56,9 @@ WRONG = {
     ],
 }
 REFERENCE = {
-    "check_accept_draft_tokens": lambda: labcheck.reference_accept_draft_tokens,
+    # every default of _rule: accept with probability min(1, p/q), resample from max(0, p - q), a bonus token
+    "check_accept_draft_tokens": lambda: _rule(_RESIDUAL),
+}
+ANSWERS = {
+    "check_accept_draft_tokens": [labcheck.reference_accept_draft_tokens, speculative.accept_draft_tokens],
 }

@@ -1,21 +1,41 @@
-"""Lab 10 (beyond one reply): wrong implementations each check must reject, and
-the reference each must accept. Collected by tests/test_labs.py."""
+"""Lab 10 (beyond one reply): wrong implementations each check must reject, the
+reference each must accept, and the course answers each must refuse.
+Collected by tests/test_labs.py.
+
+The tool-call parser below (_parse) is written here, so that no wrong
+implementation calls the engine's parse_tool_call, which the first check refuses."""
 import json
 import re
 
-from tinyinfer import labcheck
+from tinyinfer import context, cost, labcheck, tools
 from tinyinfer.context import STOPWORDS
-from tinyinfer.tools import AgentResult, ToolCall, parse_tool_call
+from tinyinfer.tools import AgentResult, ToolCall
 
 # ------------------------------------------------------------ parse_tool_call
 
+
+def _parse(text):
+    """A correct parser: the first JSON object after <tool_call>, if it is a well-formed call."""
+    match = re.search(r"<tool_call>\s*", text)
+    if not match:
+        return None
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text, match.end())
+    except json.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    name, arguments = obj.get("name"), obj.get("arguments", {})
+    if not (isinstance(name, str) and name.strip()) or type(arguments) is not dict:
+        return None
+    return ToolCall(name.strip(), arguments)
 
 def _needs_closing_tag(text):
     # a reply cut at the stop string "</tool_call>" never parses
     m = re.search(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
     if not m:
         return None
-    return parse_tool_call(m.group(0))
+    return _parse(m.group(0))
 
 
 def _json_loads_everything(text):
@@ -43,19 +63,19 @@ def _no_validation(text):
 
 def _last_call(text):
     # the last call instead of the first
-    return parse_tool_call("<tool_call>" + text.split("<tool_call>")[-1]) if "<tool_call>" in text else None
+    return _parse("<tool_call>" + text.split("<tool_call>")[-1]) if "<tool_call>" in text else None
 
 
 def _bare_json_too(text):
     # also treats plain JSON as a call: an answer that happens to be JSON would run a tool
     if "<tool_call>" not in text and text.lstrip().startswith("{"):
         text = "<tool_call>" + text
-    return parse_tool_call(text)
+    return _parse(text)
 
 
 def _arguments_none(text):
     # a call without arguments gets None, which f(**None) cannot take
-    call = parse_tool_call(text)
+    call = _parse(text)
     if call is not None and "arguments" not in text:
         return ToolCall(call.name, None)
     return call
@@ -65,18 +85,18 @@ def _arguments_none(text):
 
 
 def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_reply=True, copy=True,
-          stop_after_tool=False, count_passes="model", unknown="message", on_error="message"):
+          stop_after_tool=False, count_passes="model", unknown="message", on_error="message", last_prompt=False):
     """A configurable agent loop; each wrong implementation below changes one thing."""
     transcript = list(messages) if copy else messages
     r = AgentResult(None, transcript, 0, 0, 0, 0)
     for _ in range(max_passes):
         reply = generate(list(transcript))
         r.passes += 1
-        r.prompt_tokens += reply.prompt_tokens
+        r.prompt_tokens = reply.prompt_tokens if last_prompt else r.prompt_tokens + reply.prompt_tokens
         r.output_tokens += reply.output_tokens
         if append_reply:
             transcript.append({"role": "assistant", "content": reply.text})
-        call = parse_tool_call(reply.text)
+        call = _parse(reply.text)
         if call is None:
             r.answer = reply.text
             break
@@ -110,17 +130,9 @@ WRONG_AGENTS = [
     lambda g, t, m, n: _loop(g, t, m, n, unknown="stop"),  # gives up on an unknown tool
     lambda g, t, m, n: _loop(g, t, m, n, on_error="short"),  # the error message without its type
     lambda g, t, m, n: _loop(g, t, m, max(n - 1, 1)),  # one pass short of max_passes
-]
-
-
-def _last_prompt_only(generate, tools, messages, max_passes):
     # adds up output tokens but keeps only the last pass's prompt: misses the re-reading
-    r = labcheck.reference_run_agent(generate, tools, messages, max_passes)
-    r.prompt_tokens = r.pass_log[-1].prompt_tokens if r.pass_log else 0
-    return r
-
-
-WRONG_AGENTS.append(_last_prompt_only)
+    lambda g, t, m, n: _loop(g, t, m, n, last_prompt=True),
+]
 
 # ------------------------------------------------------------ select_context
 
@@ -203,9 +215,16 @@ WRONG = {
     "check_select_context": WRONG_SELECTORS,
     "check_token_costs": WRONG_COSTS,
 }
+# Correct implementations, written here: each helper above with its defaults.
 REFERENCE = {
-    "check_parse_tool_call": lambda: labcheck.reference_parse_tool_call,
-    "check_run_agent": lambda: labcheck.reference_run_agent,
-    "check_select_context": lambda: labcheck.reference_select_context,
-    "check_token_costs": lambda: labcheck.reference_token_costs,
+    "check_parse_tool_call": lambda: _parse,
+    "check_run_agent": lambda: _loop,
+    "check_select_context": lambda: _select,
+    "check_token_costs": lambda: _costs,
+}
+ANSWERS = {
+    "check_parse_tool_call": [labcheck.reference_parse_tool_call, tools.parse_tool_call],
+    "check_run_agent": [labcheck.reference_run_agent, tools.run_agent],
+    "check_select_context": [labcheck.reference_select_context, context.select_context],
+    "check_token_costs": [labcheck.reference_token_costs, cost.token_costs],
 }

@@ -80,7 +80,10 @@ def check_parse_tool_call(fn) -> bool:
     """fn(text) -> ToolCall(name, arguments) for the first well-formed call, else None."""
     def cases():
         return [Case((text,), want, f"text={text!r}  ({note})") for text, want, note in _CALLS]
-    return _report("parse_tool_call", lambda text: _as_call(fn(text)), cases)
+    from .. import tools
+
+    return _report("parse_tool_call", lambda text: _as_call(fn(text)), cases,
+                   forbidden=(reference_parse_tool_call, tools.parse_tool_call))
 
 
 # ---------------------------------------------------------------- exercise 2: the agent loop
@@ -200,13 +203,17 @@ def _run_agent_case(fn):
 
 def check_run_agent(fn) -> bool:
     """fn(generate, tools, messages, max_passes) -> AgentResult: run the model,
-    run every tool it calls, append the result, run it again, until an answer."""
+    run every tool it calls, append the result, run it again, until an answer.
+    (Calling tinyinfer.tools.parse_tool_call, exercise 1's twin, is allowed here.)"""
+    from .. import tools
+
     def cases():
         return [Case((question, script, max_passes),
                      _expected_agent(question, script, max_passes, tool_messages, answer),
                      f"{note}: {len(script)} scripted replies, max_passes={max_passes}")
                 for question, script, max_passes, tool_messages, answer, note in _AGENT_CASES]
-    return _report("run_agent", _run_agent_case(fn), cases)
+    return _report("run_agent", _run_agent_case(fn), cases,
+                   forbidden=(reference_run_agent, tools.run_agent, tools.run_tool))
 
 
 # ---------------------------------------------------------------- exercise 3: choose the context
@@ -254,8 +261,10 @@ def check_select_context(fn) -> bool:
                      f"question={question!r}, budget_tokens={budget}, count_tokens = words per chunk, "
                      f"chunks={chunks if chunks is not _TIMETABLE else 'the six-line timetable'}  ({note})")
                 for chunks, question, budget, want, note in _SELECT_CASES]
-    return _report("select_context", fn, cases,
-                   same=lambda got, want: isinstance(got, list) and got == want)
+    from .. import context
+
+    return _report("select_context", fn, cases, same=lambda got, want: isinstance(got, list) and got == want,
+                   forbidden=(reference_select_context, context.select_context))
 
 
 # ---------------------------------------------------------------- exercise 4: cost per token
@@ -303,4 +312,6 @@ def check_token_costs(fn) -> bool:
         return [Case(([dict(s) for s in steps], price), dict(zip(_COST_KEYS, want)),
                      f"price_per_hour={price}, {len(steps)} steps: {note}")
                 for steps, price, want, note in _COST_CASES]
-    return _report("token_costs", fn, cases, same=_same_costs)
+    from .. import cost
+
+    return _report("token_costs", fn, cases, same=_same_costs, forbidden=(reference_token_costs, cost.token_costs))

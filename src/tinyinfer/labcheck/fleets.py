@@ -1,6 +1,7 @@
 """Lab 8 (from one machine to a fleet): checks for the power-of-two-choices
 routing policy, and for p95 latency and goodput computed from a benchmark's
-per-request records."""
+per-request records. Expected values come from the engine: the fleet
+simulator's PowerOfTwo router and tinyinfer.bench's calculate_metrics."""
 from __future__ import annotations
 
 import math
@@ -44,6 +45,18 @@ def _same_picks(got, expected) -> bool:
             and all(isinstance(g, (int, np.integer)) and int(g) == e for g, e in zip(got, expected)))
 
 
+def _engine_picks(loads: list[int], seed: int, calls: int) -> list[int]:
+    """What the fleet simulator's PowerOfTwo router picks, call after call, for
+    replicas with these outstanding counts (ids 0, 1, ...; its rng seeded alike)."""
+    from types import SimpleNamespace
+
+    from ..fleet.router import PowerOfTwo
+
+    router = PowerOfTwo(seed)
+    replicas = [SimpleNamespace(id=i, outstanding=n) for i, n in enumerate(loads)]
+    return [router.choose(None, replicas).id for _ in range(calls)]
+
+
 def _power_of_two_cases() -> list[Case]:
     rows = [
         ([5, 0, 3, 7], 0, 8, "four replicas, one idle"),
@@ -53,7 +66,7 @@ def _power_of_two_cases() -> list[Case]:
         ([3, 8, 1, 1, 6, 0, 2, 5], 4, 12, "eight replicas"),
         ([0, 4, 4, 9, 4, 1], 5, 10, "six replicas with ties"),
     ]
-    return [Case((loads, seed, calls), _replay(reference_power_of_two, loads, seed, calls),
+    return [Case((loads, seed, calls), _engine_picks(loads, seed, calls),
                  f"loads={loads}, {calls} calls with rng = np.random.default_rng({seed})  ({note})")
             for loads, seed, calls, note in rows]
 
@@ -63,8 +76,10 @@ def check_power_of_two(fn) -> bool:
     rng.choice(len(loads), size=2, replace=False) and take the less loaded."""
     # Each case replays several calls on one seeded generator, so a learner who
     # draws differently (with replacement, say) gets different picks.
+    from ..fleet.router import PowerOfTwo
+
     return _report("power_of_two", lambda loads, seed, calls: _replay(fn, loads, seed, calls),
-                   _power_of_two_cases, same=_same_picks)
+                   _power_of_two_cases, same=_same_picks, forbidden=(reference_power_of_two, PowerOfTwo))
 
 
 # --- p95 and goodput -----------------------------------------------------------
@@ -127,5 +142,9 @@ def _close(got, expected) -> bool:
 
 def check_p95_and_goodput(fn) -> bool:
     """fn(records, slos_ms, duration) -> (p95 end-to-end latency in ms over the
-    successful requests, goodput in requests per second)."""
-    return _report("p95_and_goodput", fn, _goodput_cases, same=_close)
+    successful requests, goodput in requests per second), against
+    tinyinfer.bench's calculate_metrics."""
+    from ..bench.results import Latency, calculate_metrics, is_good
+
+    return _report("p95_and_goodput", fn, _goodput_cases, same=_close,
+                   forbidden=(reference_p95_and_goodput, calculate_metrics, is_good, Latency))

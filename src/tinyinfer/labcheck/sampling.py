@@ -100,6 +100,14 @@ def _same_cut(got, expected: _Cut) -> bool:
     return not (kept.any() and dropped.any()) or bool(original[kept].min() >= original[dropped].max())
 
 
+def _engine(*names: str) -> tuple:
+    """The engine's own versions of an exercise (tinyinfer.sampling), which the
+    check refuses: the named functions, and process_logits, which runs them all."""
+    from .. import sampling
+
+    return tuple(getattr(sampling, name) for name in names + ("process_logits", "processed_probs"))
+
+
 # ---------------------------------------------------------------- temperature
 
 TEMPERATURE_CASES = [
@@ -126,7 +134,8 @@ def _temperature_cases() -> list[Case]:
 def check_temperature(fn) -> bool:
     """fn(logits, temperature) -> logits divided by the temperature, against
     tinyinfer.sampling.apply_temperature. The input must not be modified."""
-    return _report("temperature", lambda probe: probe(fn), _temperature_cases, same=_same_logits)
+    return _report("temperature", lambda probe: probe(fn), _temperature_cases, same=_same_logits,
+                   forbidden=_engine("apply_temperature"))
 
 
 # ---------------------------------------------------------------------- top-k
@@ -159,7 +168,8 @@ def check_top_k(fn) -> bool:
     """fn(logits, k) -> logits with every score below the k-th highest set to
     -inf (ties with the k-th are kept; k = -1 means off), against
     tinyinfer.sampling.apply_top_k."""
-    return _report("top_k", lambda probe: probe(fn), _top_k_cases, same=_same_logits)
+    return _report("top_k", lambda probe: probe(fn), _top_k_cases, same=_same_logits,
+                   forbidden=_engine("apply_top_k"))
 
 
 # ---------------------------------------------------------------------- top-p
@@ -196,7 +206,8 @@ def check_top_p(fn) -> bool:
     """fn(logits, p) -> logits with -inf outside the smallest set of most likely
     tokens whose probabilities sum to at least p, against
     tinyinfer.sampling.apply_top_p (tied tokens may be chosen either way)."""
-    return _report("top_p", lambda probe: probe(fn), _top_p_cases, same=_same_cut)
+    return _report("top_p", lambda probe: probe(fn), _top_p_cases, same=_same_cut,
+                   forbidden=_engine("apply_top_p"))
 
 
 # ------------------------------------------------------------ repetition penalty
@@ -228,7 +239,8 @@ def check_repetition_penalty(fn) -> bool:
     """fn(logits, seen_ids, penalty) -> logits where every token in seen_ids has
     its positive score divided by the penalty and its negative score multiplied,
     against tinyinfer.sampling.apply_repetition_penalty."""
-    return _report("repetition_penalty", lambda probe: probe(fn), _repetition_cases, same=_same_logits)
+    return _report("repetition_penalty", lambda probe: probe(fn), _repetition_cases, same=_same_logits,
+                   forbidden=_engine("apply_repetition_penalty"))
 
 
 # ------------------------------------------------------------------- sampler
@@ -351,5 +363,7 @@ def check_sample(fn) -> bool:
     """fn(logits, temperature, generator) -> one token id: the highest score at
     temperature 0, otherwise a draw from softmax(logits / temperature) using
     only `generator` for randomness. Greedy cases are exact; draws are tested
-    with a chi-square test on 20,000 seeded draws per case."""
-    return _report("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample)
+    with a chi-square test on 20,000 seeded draws per case. Kept as "sample"
+    on a pass (later labs' generation loops use it)."""
+    return _report("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample,
+                   forbidden=(reference_sample,) + _engine("sample", "Sampler"), keep="sample")

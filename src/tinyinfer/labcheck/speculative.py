@@ -1,4 +1,4 @@
-"""Lab 9 (the toolbox): the accept/reject step of speculative decoding.
+"""Lab 9 (speculative decoding): the accept/reject step of speculative decoding.
 
 The learner writes fn(target_probs, draft_probs, draft_tokens, generator) ->
 (tokens, num_accepted), the contract of tinyinfer.speculative.accept_draft_tokens.
@@ -172,7 +172,11 @@ def check_accept_draft_tokens(fn) -> bool:
             return _run_identical(fn, *args)
         return _run_distribution(fn, kind, *args)
 
-    return _report("accept_draft_tokens", run, _cases, same=_same)
+    from ..speculative import verify
+
+    # labcheck's reference is the engine's own function (tinyinfer.speculative.verify).
+    return _report("accept_draft_tokens", run, _cases, same=_same,
+                   forbidden=(reference_accept_draft_tokens, verify.accept_draft_tokens))
 
 
 __all__ = ["check_accept_draft_tokens", "reference_accept_draft_tokens"]

@@ -58,9 +58,25 @@ def _cl100k_bpe_cases() -> list[Case]:
     return cases
 
 
+def _bpe_answers() -> tuple:
+    """The course's own BPE encoders: the engine's, and tiktoken's Python entry
+    to its piece encoder (its Rust core is reached only through that method)."""
+    from .. import bpe
+
+    answers = (bpe.bpe_encode_piece, bpe.bpe_merge_steps, bpe._lowest_rank_pair)
+    try:
+        import tiktoken
+
+        return answers + (tiktoken.Encoding._encode_single_piece,)
+    except (ImportError, AttributeError):
+        return answers
+
+
 def check_bpe_encode_piece(encode_piece) -> bool:
-    """encode_piece(piece: bytes, ranks: dict[bytes, int]) -> list[int], against tiktoken."""
-    return _report("bpe_encode_piece", encode_piece, lambda: _toy_bpe_cases() + _cl100k_bpe_cases())
+    """encode_piece(piece: bytes, ranks: dict[bytes, int]) -> list[int], against
+    hand-made toy tables and tiktoken. Kept as "encode_piece" on a pass."""
+    return _report("bpe_encode_piece", encode_piece, lambda: _toy_bpe_cases() + _cl100k_bpe_cases(),
+                   forbidden=_bpe_answers(), keep="encode_piece")
 
 
 class _CharTokenizer:
@@ -84,7 +100,18 @@ def _tokenizers() -> dict[str, Any]:
     return {"cl100k": TiktokenTokenizer("cl100k_base"), "chars": _CharTokenizer(), "words": _WordTokenizer()}
 
 
-COUNT_TEXTS = ["", "Hello, world!", "  two  spaces  ", "antidisestablishmentarianism", "x = [1, 2, 3]\n", "日本語のテキスト"]
+# text -> its token count under (cl100k, chars, words). cl100k's counts are
+# tiktoken's, written out (tests/test_labs.py recomputes them); the other two
+# are the characters and the whitespace-separated words, counted by hand.
+COUNTS = {
+    "": (0, 0, 0),
+    "Hello, world!": (4, 13, 2),
+    "  two  spaces  ": (5, 15, 2),
+    "antidisestablishmentarianism": (6, 28, 1),
+    "x = [1, 2, 3]\n": (11, 14, 5),
+    "日本語のテキスト": (8, 8, 1),
+}
+COUNT_TEXTS = list(COUNTS)
 
 
 def reference_count_tokens(text: str, tokenizer) -> int:
@@ -102,23 +129,30 @@ def reference_compare_tokenizers(texts: dict[str, str], tokenizers: dict[str, An
 
 def _count_cases() -> list[Case]:
     cases = []
-    for name, tok in _tokenizers().items():
-        for text in COUNT_TEXTS:
-            cases.append(Case((text, tok), reference_count_tokens(text, tok), f"text={text!r}, tokenizer={name}"))
+    for k, (name, tok) in enumerate(_tokenizers().items()):
+        for text, counts in COUNTS.items():
+            cases.append(Case((text, tok), counts[k], f"text={text!r}, tokenizer={name}"))
     return cases
 
 
 def check_count_tokens(count_tokens) -> bool:
     """count_tokens(text, tokenizer) -> int."""
-    return _report("count_tokens", count_tokens, _count_cases)
+    return _report("count_tokens", count_tokens, _count_cases, forbidden=(reference_count_tokens,))
+
+
+# The compare check's texts, with their counts under (cl100k, chars, words), as above.
+COMPARE_TEXTS = {"greeting": ("Hello, world!", (4, 13, 2)),
+                 "code": ("for i in range(10):\n    print(i)", (11, 32, 5)),
+                 "empty": ("", (0, 0, 0))}
 
 
 def _compare_cases() -> list[Case]:
     toks = _tokenizers()
-    texts = {"greeting": "Hello, world!", "code": "for i in range(10):\n    print(i)", "empty": ""}
+    texts = {name: text for name, (text, _) in COMPARE_TEXTS.items()}
+    table = {name: dict(zip(toks, counts)) for name, (_, counts) in COMPARE_TEXTS.items()}
     one = {"chars": toks["chars"]}
     return [
-        Case((texts, toks), reference_compare_tokenizers(texts, toks), f"texts={texts}, tokenizers={list(toks)}"),
+        Case((texts, toks), table, f"texts={texts}, tokenizers={list(toks)}"),
         Case(({"x": "abc"}, one), {"x": {"chars": 3}}, "texts={'x': 'abc'}, tokenizers=['chars']"),
     ]
 
@@ -126,4 +160,5 @@ def _compare_cases() -> list[Case]:
 def check_compare_tokenizers(compare_tokenizers) -> bool:
     """compare_tokenizers(texts: {name: text}, tokenizers: {name: tokenizer})
     -> {text name: {tokenizer name: token count}}."""
-    return _report("compare_tokenizers", compare_tokenizers, _compare_cases)
+    return _report("compare_tokenizers", compare_tokenizers, _compare_cases,
+                   forbidden=(reference_compare_tokenizers, reference_count_tokens))
