@@ -11,6 +11,7 @@ from .beyond import (  # noqa: F401
 )
 from .batching import ReferenceBlockAllocator, check_block_allocator  # noqa: F401
 from .scheduling import Request, Step, check_prefix_hashes, check_run_engine, check_schedule, make_execute_model, reference_prefix_hashes, reference_run_engine, reference_schedule  # noqa: F401,E501
+from .capstone import check_your_engine, compare_outputs  # noqa: F401
 from .attention import check_causal_gqa_attention, check_rope, reference_causal_gqa_attention, reference_rope  # noqa: F401
 from .fleets import check_p95_and_goodput, check_power_of_two, reference_p95_and_goodput, reference_power_of_two  # noqa: F401
 from .kv_cache import check_kv_bytes_per_token, check_tokens_processed, check_update_kv_cache, reference_kv_bytes_per_token, reference_tokens_processed, reference_update_kv_cache  # noqa: F401,E501

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .batching import ReferenceBlockAllocator
+from .batching import ReferenceBlockAllocator, _keep
 from .core import Case, _report
 
 # ---------------------------------------------------------------- the lab's records
@@ -296,8 +296,9 @@ def check_schedule(schedule) -> bool:
     from ..block_manager import BlockManager
     from ..scheduler import Scheduler
 
-    return _report("schedule", lambda sc, k: _play_schedule(schedule, sc, k), _schedule_cases,
-                   forbidden=(reference_schedule, Scheduler, BlockManager), keep="schedule")
+    ok = _report("schedule", lambda sc, k: _play_schedule(schedule, sc, k), _schedule_cases,
+                 forbidden=(reference_schedule, Scheduler, BlockManager))
+    return _keep(ok, "schedule", schedule)
 
 
 # ---------------------------------------------------------------- check: prefix hashes
@@ -351,8 +352,9 @@ def check_prefix_hashes(prefix_hashes) -> bool:
     structure of tinyinfer.block_manager's hashes; the hash function is yours)."""
     from ..block_manager import BlockManager
 
-    return _report("prefix_hashes", lambda lists, bs: _rename([prefix_hashes(list(t), bs) for t in lists]),
-                   _prefix_cases, forbidden=(reference_prefix_hashes, BlockManager), keep="prefix_hashes")
+    ok = _report("prefix_hashes", lambda lists, bs: _rename([prefix_hashes(list(t), bs) for t in lists]),
+                 _prefix_cases, forbidden=(reference_prefix_hashes, BlockManager))
+    return _keep(ok, "prefix_hashes", prefix_hashes)
 
 
 # ---------------------------------------------------------------- check: run_engine
@@ -502,7 +504,7 @@ def check_run_engine(run_engine) -> bool:
     from ..model_runner import ModelRunner
     from ..scheduler import Scheduler
 
-    return _report("run_engine", lambda w, eos: _play_engine(run_engine, w, eos),
-                   lambda: list(_run_engine_cases_cached()),
-                   forbidden=(reference_run_engine, LLMEngine, LLM, Scheduler, ModelRunner, BlockManager),
-                   keep="run_engine")
+    ok = _report("run_engine", lambda w, eos: _play_engine(run_engine, w, eos),
+                 lambda: list(_run_engine_cases_cached()),
+                 forbidden=(reference_run_engine, LLMEngine, LLM, Scheduler, ModelRunner, BlockManager))
+    return _keep(ok, "run_engine", run_engine)
