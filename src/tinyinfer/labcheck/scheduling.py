@@ -466,11 +466,11 @@ def _play_engine(run_engine, w: _Workload, eos_token_ids: list[int]) -> dict:
                            w.token_budget, w.max_num_seqs, eos_token_ids)
     except _Stopped as e:
         steps = str(e)
-    return _engine_result({r.seq_id: r.output_ids for r in requests}, steps, len(allocator.free_blocks), w,
+    return _engine_result({r.seq_id: r.output_ids for r in requests}, steps, len(allocator.free_blocks),
                           {r.seq_id: len(r.token_times) for r in requests})
 
 
-def _engine_result(outputs, steps, free_blocks, w: _Workload, times) -> dict:
+def _engine_result(outputs, steps, free_blocks, times) -> dict:
     return {"outputs": outputs, "steps": steps, "free blocks at the end": free_blocks,
             "token_times per request": times}
 
@@ -485,7 +485,7 @@ def _run_engine_cases() -> list[Case]:
     for w in _WORKLOADS:
         eos = tuple(_eos_for(w))
         outputs, steps = _engine_outputs(w, eos)
-        expected = _engine_result(outputs, steps, w.num_blocks, w, {s: len(o) for s, o in outputs.items()})
+        expected = _engine_result(outputs, steps, w.num_blocks, {s: len(o) for s, o in outputs.items()})
         reqs = ", ".join(f"{s}: prompt {p}, max_tokens {m}" for s, p, m in w.requests)
         show = (f"{w.why}. A tiny random 2-layer model; BlockAllocator({w.num_blocks}, block_size="
                 f"{w.block_size}), token_budget={w.token_budget}, max_num_seqs={w.max_num_seqs}, "
