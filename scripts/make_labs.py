@@ -19,6 +19,14 @@ Conventions in a solution notebook:
 Labs are written unexecuted (outputs cleared) with fixed notebook metadata, so
 regenerating them is byte-for-byte stable.
 
+The site shows the solutions, not the labs (see _toc.yml): a self-study reader
+gets a worked answer for every exercise, folded away until asked for. So this
+script also keeps three things in each solution up to date (`prepare_solution`):
+exercise cells are tagged `hide-input` with the toggle "Show the worked
+solution", prediction cells likewise with "Show our prediction", and a note
+after the title says how to open the lab itself. The lab gets none of these: its
+tags are removed, and it says instead where the worked solutions are.
+
 Colab: every lab starts (after its title cell) with an "Open in Colab" badge and
 a cell that installs the course when, and only when, it runs in Colab. Both are
 written here from `repository` in _config.yml, so they always name the
@@ -27,16 +35,23 @@ cell testing `"google.colab" in sys.modules`) is replaced by this one. The
 badge cell is tagged `remove-cell`: the book hides it and shows its own launch
 buttons instead, and the site loads no image from the internet.
 
-    python scripts/make_labs.py            # write labs/
-    python scripts/make_labs.py --check    # exit 1 if labs/ is out of date
+    python scripts/make_labs.py            # write labs/ (and the solutions' site notes)
+    python scripts/make_labs.py --check    # exit 1 if labs/ or a solution's note is out of date
     python scripts/make_labs.py --execute  # first re-run solutions/ in place
+
+--execute runs the solutions in order, as a learner would, on a fixed number of
+threads (RECORD_THREADS, or $OMP_NUM_THREADS if set) and with a fresh engine
+folder, so lab 4 loads the sampler that lab 3 kept, and so on. Run it on an idle
+machine: the timings it records are the ones the site shows.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +66,12 @@ METADATA = {
     "language_info": {"name": "python"},
 }
 
+
+SOLUTION_NOTE_ID, LAB_NOTE_ID = "solution-note", "solutions-note"
+HIDDEN = {  # cell tag -> the toggle's label on the site
+    "exercise": ("Show the worked solution", "Hide the worked solution"),
+    "prediction": ("Show our prediction", "Hide our prediction"),
+}
 
 COLAB_MARKER = '"google.colab" in sys.modules'
 # Packages a lab may import that are neither tinyinfer's own dependencies nor
@@ -108,6 +129,43 @@ def colab_cells(lab_name: str, repo: dict, extra: list[str] = ()) -> list:
     return [badge, install]
 
 
+def solution_note(lab_name: str, repo: dict) -> str:
+    """The note at the top of a solution, which is the lab's page on the site."""
+    return "\n".join([
+        "```{admonition} This page is the lab with its worked solutions",
+        ":class: tip",
+        "Each exercise's answer is folded away under **Show the worked solution**, and the",
+        "numbers we predicted before measuring under **Show our prediction**. Try first: the",
+        "check under each exercise tells you when you are right.",
+        "",
+        f"To do the lab yourself, with empty exercises, open `labs/{lab_name}`:",
+        f"[in Google Colab]({colab_url(lab_name, repo)}), or on your own machine with `make lab`",
+        "(see the README). The page you are reading is `solutions/" + lab_name + "` in the repository.",
+        "```",
+    ])
+
+
+LAB_NOTE = ("Stuck on an exercise? Every exercise has a worked solution: on the course's site (this lab's "
+            "page, under **Show the worked solution**) and in the repository's `solutions/` folder, in the "
+            "notebook with this lab's name. Try first: the check under each exercise tells you when you are right.")
+
+
+def prepare_solution(solution, lab_name: str, repo: dict) -> None:
+    """In place: the site's note after the title, and hidden answers (see the module doc)."""
+    solution.cells = [c for c in solution.cells if c.get("id") != SOLUTION_NOTE_ID]
+    at = 1 if solution.cells and solution.cells[0].cell_type == "markdown" else 0
+    solution.cells.insert(at, nbformat.v4.new_markdown_cell(solution_note(lab_name, repo), id=SOLUTION_NOTE_ID))
+    for cell in solution.cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        kind = next((tag for tag in HIDDEN if tag in tags), None)
+        if cell.cell_type != "code" or kind is None:
+            continue
+        if "hide-input" not in tags:
+            cell.metadata["tags"] = tags + ["hide-input"]
+        show, hide = HIDDEN[kind]
+        cell.metadata["mystnb"] = {"code_prompt_show": show, "code_prompt_hide": hide}
+
+
 def add_colab_cells(lab, lab_name: str, repo: dict) -> None:
     """Put the badge and install cells after the title cell, replacing the solution's own."""
     lab.cells = [cell for cell in lab.cells
@@ -116,6 +174,7 @@ def add_colab_cells(lab, lab_name: str, repo: dict) -> None:
     at = 1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0
     extra = [req for name, req in COLAB_EXTRA_REQUIREMENTS.items() if name in lab_imports(lab)]
     lab.cells[at:at] = colab_cells(lab_name, repo, extra)
+    lab.cells.insert(at + 1, nbformat.v4.new_markdown_cell(LAB_NOTE, id=LAB_NOTE_ID))
 
 
 def has_tag(cell, tag: str) -> bool:
@@ -175,10 +234,11 @@ def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_na
     lab = copy.deepcopy(solution)
     exercise_pairs(lab, where)  # validates the exercise/check convention
     lab.metadata = copy.deepcopy(METADATA)
+    lab.cells = [c for c in lab.cells if c.get("id") not in {SOLUTION_NOTE_ID, LAB_NOTE_ID}]
     if repo is not None:
         add_colab_cells(lab, lab_name or where, repo)
     for i, cell in enumerate(lab.cells):
-        tags = cell.get("metadata", {}).get("tags", [])
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]  # a site-only tag
         cell.metadata = {"tags": list(tags)} if tags else {}
         if cell.cell_type != "code":
             continue
@@ -208,11 +268,15 @@ def notebook_text(nb) -> str:
 
 
 def lab_texts() -> dict[Path, str]:
-    """What each lab file should contain."""
+    """What each lab file, and each solution file, should contain."""
     texts, repo = {}, repository()
     for solution_path in sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb")):
-        lab = make_lab(nbformat.read(solution_path, as_version=4), solution_path.name, repo, solution_path.name)
+        solution = nbformat.read(solution_path, as_version=4)
+        lab = make_lab(solution, solution_path.name, repo, solution_path.name)
         texts[LABS / solution_path.name] = notebook_text(lab)
+        prepare_solution(solution, solution_path.name, repo)
+        solution.metadata = copy.deepcopy(METADATA)
+        texts[solution_path] = notebook_text(solution)
     return texts
 
 
@@ -231,14 +295,28 @@ def execute_solution(path: Path, timeout: int = 600) -> float:
     return seconds
 
 
+RECORD_THREADS = "2"  # the course's reference machine: 2 cores
+
+
+def execute_all(paths: list[Path]) -> None:
+    """Execute each solution in place, in order, in one fresh engine folder."""
+    os.environ.setdefault("OMP_NUM_THREADS", RECORD_THREADS)  # the kernels inherit the environment
+    with tempfile.TemporaryDirectory(prefix="tinyinfer-my-engine-") as folder:
+        os.environ["TINYINFER_MY_ENGINE"] = folder
+        for path in paths:
+            print(f"executed {path.relative_to(ROOT)} in {execute_solution(path):.1f} s "
+                  f"({os.environ['OMP_NUM_THREADS']} threads)", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if labs/ differs from what would be written")
-    parser.add_argument("--execute", action="store_true", help="re-execute solutions/ in place first")
+    parser.add_argument("--execute", nargs="*", metavar="NN", default=None,
+                        help="re-execute solutions/ in place first (all of them, or those whose names start with NN)")
     args = parser.parse_args(argv)
-    if args.execute:
-        for path in sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb")):
-            print(f"executed {path.relative_to(ROOT)} in {execute_solution(path):.1f} s")
+    if args.execute is not None:
+        paths = sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb"))
+        execute_all([p for p in paths if not args.execute or p.name[:2] in args.execute])
     expected = lab_texts()
     stale = [p for p in sorted(LABS.glob("[0-9][0-9]-*.ipynb")) if p not in expected]
     if args.check:

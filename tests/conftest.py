@@ -6,6 +6,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a failed Hub lookup would cost ~50 s
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# The labs keep each passing exercise in the learner's engine folder
+# (tinyinfer.labcheck.my_engine), ~/tinyinfer-my-engine by default. Notebooks run
+# by the tests (in subprocesses, which inherit this) write to a folder of their own.
+if "TINYINFER_MY_ENGINE" not in os.environ:
+    import tempfile
+
+    os.environ["TINYINFER_MY_ENGINE"] = tempfile.mkdtemp(prefix="tinyinfer-my-engine-")
 
 
 @pytest.fixture(scope="session")

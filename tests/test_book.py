@@ -1,9 +1,9 @@
 """The book builds, with warnings as errors, and shows executed output.
 
-This is the slowest test: the build executes every notebook and every chapter
-with {code-cell}s (`execute_notebooks: force` in _config.yml): about 30 s with
-chapter 1 on two cores, more as chapters are added. Skip it with
-`pytest -m "not book"`.
+This is the slowest test: the build executes every chapter with {code-cell}s
+(`execute_notebooks: force` in _config.yml). The lab pages are the solution
+notebooks, shown with their stored outputs (tests/test_notebooks.py re-runs
+them). Skip it with `pytest -m "not book"`.
 
 It builds into a temporary folder, so it neither needs nor touches _build/.
 Without -W a failing cell still gives exit code 0; with it, any warning (a
@@ -19,9 +19,11 @@ import re
 import shutil
 import subprocess
 import sys
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
@@ -98,21 +100,43 @@ def test_every_page_is_built(built: Path) -> None:
     pages = toc_files()
     assert "intro" in pages
     assert any(p.startswith("chapters/") for p in pages)
-    assert any(p.startswith("labs/") for p in pages)
+    assert any(p.startswith("solutions/") for p in pages)
     missing = [p for p in pages if not (built / f"{p}.html").is_file()]
     assert not missing, f"no HTML for {missing} in {built}"
 
 
 @pytest.mark.book
 def test_notebooks_were_executed(built: Path) -> None:
-    """Labs, and chapters with code cells, show cell output in the site: the
-    build really ran them."""
+    """Labs (their stored outputs), and chapters with code cells, show cell
+    output in the site: the build really ran the chapters."""
     executable = [p for p in toc_files()
                   if source_of(p).suffix == ".ipynb" or "{code-cell}" in source_of(p).read_text()]
-    assert any(p.startswith("labs/") for p in executable)
+    assert any(p.startswith("solutions/") for p in executable)
     for page in executable:
         html = (built / f"{page}.html").read_text()
         assert "cell_output" in html, f"{page}.html shows no executed output"
+
+
+@pytest.mark.book
+def test_lab_pages_hide_worked_solutions_and_link_to_the_lab(built: Path) -> None:
+    """A self-study reader sees every exercise's answer folded away (a toggle),
+    ✓ under each check rather than a wall of ✗, and a link to the lab itself."""
+    labs = [p for p in toc_files() if p.startswith("solutions/")]
+    assert labs, "_toc.yml lists no lab page (solutions/NN-*)"
+    for page in labs:
+        html = (built / f"{page}.html").read_text(encoding="utf-8")
+        nb = nbformat.read(source_of(page), as_version=4)
+        checks = [c for c in nb.cells if "check" in c.metadata.get("tags", [])]
+        assert checks, f"{page} has no exercise"
+        assert html.count("Show the worked solution") >= len(checks), f"{page}: answers are not folded away"
+        assert "tag_hide-input" in html, page
+        for cell in checks:  # what the page shows under each check
+            shown = "".join(o.get("text", "") for o in cell.outputs)
+            assert "✓" in shown and "✗" not in shown, f"{page} shows a failing check: {shown!r}"
+            first = shown.split("\n")[0]
+            assert first in html or html_escape(first, quote=False) in html, f"{page}: {first!r} is not on the page"
+        lab = page.replace("solutions/", "labs/")
+        assert f"/blob/main/{lab}.ipynb" in html, f"{page} does not link to {lab}.ipynb in Colab"
 
 
 # Attributes through which a page makes the browser fetch something by itself.

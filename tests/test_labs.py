@@ -110,6 +110,7 @@ def test_check_passes_on_solution_and_fails_on_stub(path, n, capsys):
     i, j = make_labs.exercise_pairs(solution, path.name)[n]
     assert _run_pair(solution.cells[i].source, solution.cells[j].source) is True
     assert "✓" in capsys.readouterr().out
+    i, j = make_labs.exercise_pairs(lab, path.name)[n]  # the lab has other cells around them
     assert _run_pair(lab.cells[i].source, lab.cells[j].source) is False
     assert "✗" in capsys.readouterr().out
 

@@ -1,15 +1,39 @@
-"""Lab 2 (attention): wrong implementations each check must reject, and the
-reference each must accept. Collected by tests/test_labs.py."""
+"""Lab 2 (attention): wrong implementations each check must reject, a correct
+implementation written here (independently of labcheck and the engine) that
+each must accept, and the course's own answers each must refuse. Collected by
+tests/test_labs.py."""
 import math
 
 import torch
+import torch.nn.functional as F
 
 from tinyinfer import labcheck
+from tinyinfer.config import ModelConfig
+from tinyinfer.kv_cache import KVCache
+from tinyinfer.model import AttentionMetadata, apply_rope, rope_tables
 
 
 def _angles(positions, d, theta, exponent=2.0):
     inv_freq = 1.0 / theta ** (exponent * torch.arange(0, d // 2).float() / d)
     return positions.float()[:, None] * inv_freq[None, :]
+
+
+def _rope(x, positions, theta, exponent=2.0, sign=1.0):
+    a = _angles(positions, x.shape[-1], theta, exponent)
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    cos, sin = a.cos(), sign * a.sin()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def _rope_by_complex_numbers(x, positions, theta):
+    # Correct, and unlike the course's answer: each pair (a, b) is the complex
+    # number a + ib, and a rotation by angle t is a product with e^(it).
+    d = x.shape[-1] // 2
+    pairs = torch.complex(x[..., :d].double(), x[..., d:].double())
+    angles = _angles(positions, 2 * d, theta).double()
+    turned = pairs * torch.polar(torch.ones_like(angles), angles)
+    return torch.cat([turned.real, turned.imag], dim=-1).to(x.dtype)
 
 
 def _rope_interleaved(x, positions, theta):
@@ -20,28 +44,18 @@ def _rope_interleaved(x, positions, theta):
     return out.flatten(-2)
 
 
-def _rope_wrong_frequencies(x, positions, theta):
-    # theta ** (-i / D) instead of theta ** (-2i / D): the slow pairs spin too fast.
-    a = _angles(positions, x.shape[-1], theta, exponent=1.0)
-    d = x.shape[-1] // 2
-    x1, x2 = x[..., :d], x[..., d:]
-    return torch.cat([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], dim=-1)
+def _engine_rope(x, positions, theta):
+    # The engine's own tables and rotation, called the way a learner might.
+    d = x.shape[-1]
+    config = ModelConfig(vocab_size=1, hidden_size=d, intermediate_size=1, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=d,
+                         max_position_embeddings=int(positions.max()) + 1, rope_theta=theta)
+    cos, sin = rope_tables(config)
+    return apply_rope(x, cos[positions], sin[positions])
 
 
-def _rope_backwards(x, positions, theta):
-    # Rotates by -angle: the sign of sin flipped.
-    a = _angles(positions, x.shape[-1], theta)
-    d = x.shape[-1] // 2
-    x1, x2 = x[..., :d], x[..., d:]
-    return torch.cat([x1 * a.cos() + x2 * a.sin(), -x1 * a.sin() + x2 * a.cos()], dim=-1)
-
-
-def _rope_ignores_positions(x, positions, theta):
-    # Uses 0..T-1 whatever the positions are: wrong for every decode step.
-    return labcheck.reference_rope(x, torch.arange(x.shape[2]), theta)
-
-
-def _attention(q, k, v, *, causal=True, scale=True, grouping="interleave", softmax_dim=-1, hide_self=False):
+def _attention(q, k, v, *, causal=True, scale=True, grouping="interleave", softmax_dim=-1, hide_self=False,
+               align="bottom"):
     group = q.shape[1] // k.shape[1]
     if grouping == "interleave":
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -50,24 +64,70 @@ def _attention(q, k, v, *, causal=True, scale=True, grouping="interleave", softm
     scores = q @ k.transpose(-1, -2)
     if scale:
         scores = scores / math.sqrt(q.shape[-1])
-    if causal:
-        T = q.shape[2]
-        hidden = torch.ones(T, T, dtype=torch.bool).triu(0 if hide_self else 1)
+    Tq, Tk = q.shape[2], k.shape[2]
+    if causal and (align != "square-only" or Tq == Tk):
+        # "bottom": query i is at position Tk - Tq + i (right); "top": at position i,
+        # as if the queries were the first Tq positions (wrong for a decode step)
+        offset = Tk - Tq if align in ("bottom", "square-only") else 0
+        hidden = torch.ones(Tq, Tk, dtype=torch.bool).triu(offset + (0 if hide_self else 1))
         scores = scores.masked_fill(hidden, float("-inf"))
     return scores.softmax(dim=softmax_dim) @ v
 
 
+def _attention_one_query_at_a_time(q, k, v):
+    # Correct, and unlike the course's answer: a loop over queries, each reading
+    # the keys up to its own position, K/V heads picked by index arithmetic.
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    out = torch.empty_like(q)
+    for h in range(H):
+        kv = h * Hkv // H  # query head h belongs to K/V head h // (H / Hkv)
+        for i in range(Tq):
+            seen = Tk - Tq + i + 1  # keys 0 .. its position
+            w = torch.einsum("bd,bsd->bs", q[:, h, i], k[:, kv, :seen]) / D ** 0.5
+            out[:, h, i] = torch.einsum("bs,bsd->bd", w.softmax(-1), v[:, kv, :seen])
+    return out
+
+
+def _engine_attention(q, k, v):
+    # The engine's own attention, reached through its KV cache.
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    config = ModelConfig(vocab_size=1, hidden_size=H * D, intermediate_size=1, num_hidden_layers=1,
+                         num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D, max_position_embeddings=Tk)
+    cache = KVCache(config, B, Tk, q.dtype, q.device)
+    cache.k[0, :, :, : Tk - Tq] = k[:, :, : Tk - Tq]
+    cache.v[0, :, :, : Tk - Tq] = v[:, :, : Tk - Tq]
+    positions = torch.arange(Tk - Tq, Tk).expand(B, Tq)
+    meta = AttentionMetadata.general(positions, cache)
+    new_k, new_v = k[:, :, Tk - Tq :].transpose(1, 2), v[:, :, Tk - Tq :].transpose(1, 2)
+    out = cache.attend(0, q.transpose(1, 2), new_k, new_v, meta)
+    return out.view(B, Tq, H, D).transpose(1, 2)
+
+
 WRONG = {
-    "check_rope": [_rope_interleaved, _rope_wrong_frequencies, _rope_backwards, _rope_ignores_positions],
+    "check_rope": [
+        _rope_interleaved,
+        lambda x, p, theta: _rope(x, p, theta, exponent=1.0),  # theta ** (-i/D): the slow pairs spin too fast
+        lambda x, p, theta: _rope(x, p, theta, sign=-1.0),  # rotates by -angle
+        lambda x, p, theta: _rope(x, torch.arange(x.shape[2]), theta),  # 0..T-1 whatever the positions
+    ],
     "check_causal_gqa_attention": [
         lambda q, k, v: _attention(q, k, v, causal=False),  # sees the future
         lambda q, k, v: _attention(q, k, v, scale=False),  # forgets 1/sqrt(D)
         lambda q, k, v: _attention(q, k, v, grouping="tile"),  # wrong query-head -> K/V-head map
         lambda q, k, v: _attention(q, k, v, softmax_dim=-2),  # normalizes over queries
         lambda q, k, v: _attention(q, k, v, hide_self=True),  # a token may not see itself: NaN
+        lambda q, k, v: _attention(q, k, v, align="top"),  # queries taken as the first Tq positions
+        lambda q, k, v: _attention(q, k, v, align="square-only"),  # no mask unless Tq == Tk: right for Tq = 1 only
     ],
 }
 REFERENCE = {
-    "check_rope": lambda: labcheck.reference_rope,
-    "check_causal_gqa_attention": lambda: labcheck.reference_causal_gqa_attention,
+    "check_rope": lambda: _rope_by_complex_numbers,
+    "check_causal_gqa_attention": lambda: _attention_one_query_at_a_time,
+}
+ANSWERS = {
+    "check_rope": [labcheck.reference_rope, _engine_rope, apply_rope],
+    "check_causal_gqa_attention": [labcheck.reference_causal_gqa_attention, F.scaled_dot_product_attention,
+                                   _engine_attention],
 }

@@ -1,10 +1,13 @@
-"""Lab 2 (attention): checks for rotary position embeddings and causal
-grouped-query attention, each against the engine's own code on random inputs."""
+"""Lab 2 (attention): checks for rotary position embeddings (against the
+engine's rope tables) and causal grouped-query attention (against PyTorch's
+fused kernel), on hand-sized and random inputs. Both refuse the course's own
+answers, and keep a passing function for later labs (my_engine.py)."""
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .core import Case, _report
 
@@ -75,7 +78,10 @@ def _rope_cases() -> list[Case]:
 def check_rope(rope) -> bool:
     """rope(x [B, heads, T, D], positions [T], theta) -> x rotated, [B, heads, T, D],
     against the engine's rope_tables + apply_rope."""
-    return _report("rope", rope, _rope_cases, same=_close)
+    from ..model import LlamaForCausalLM, apply_rope, rope_tables
+
+    forbidden = (reference_rope, apply_rope, rope_tables, LlamaForCausalLM.rope_at)
+    return _report("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep="rope")
 
 
 # ------------------------------------------------------------------ attention
@@ -86,17 +92,21 @@ def reference_causal_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # query head h reads key/value head h // group
     v = v.repeat_interleave(group, dim=1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, T, T]
-    T = q.shape[2]
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, Tq, Tk]
+    Tq, Tk = q.shape[2], k.shape[2]
+    # The queries are the last Tq positions: query i sits at position Tk - Tq + i
+    # and may see keys 0 .. Tk - Tq + i, so the mask starts Tk - Tq + 1 columns right.
+    future = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(Tk - Tq + 1)
     weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
     return weights @ v
 
 
-def _engine_attention(q, k, v):
-    import torch.nn.functional as F
-
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+def _sdpa_attention(q, k, v):
+    """The expected answer, from PyTorch's fused kernel with an explicit mask:
+    True where query i (at position Tk - Tq + i) may see key j."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    allowed = torch.arange(Tk)[None, :] <= torch.arange(Tk - Tq, Tk)[:, None]  # [Tq, Tk]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
 
 
 # A worked example small enough to follow by hand: three tokens, D = 2, one head.
@@ -107,46 +117,37 @@ TINY_V = [[1.0, 0.0], [0.0, 10.0], [5.0, 5.0]]
 
 def _attention_cases() -> list[Case]:
     q, k, v = (torch.tensor(m)[None, None] for m in (TINY_Q, TINY_K, TINY_V))
-    cases = [Case((q, k, v), _engine_attention(q, k, v),
-                  f"one head, T=3, D=2: q={TINY_Q}, k={TINY_K}, v={TINY_V}")]
-    shapes = [  # (B, H, Hkv, T, D, name)
-        (1, 4, 2, 2, 2, "grouped-query, small: query heads 0, 1 share K/V head 0; heads 2, 3 share head 1"),
-        (2, 4, 4, 5, 8, "multi-head: every query head has its own K/V head"),
-        (1, 9, 3, 6, 64, "grouped-query, SmolLM2's shape: 9 query heads share 3 K/V heads"),
-        (1, 6, 2, 7, 16, "grouped-query: 6 query heads share 2 K/V heads"),
-        (1, 4, 1, 5, 16, "multi-query: all query heads share 1 K/V head"),
-        (2, 6, 2, 1, 8, "a single token (T=1)"),
+    cases = [Case((q, k, v), _sdpa_attention(q, k, v), f"one head, T=3, D=2: q={TINY_Q}, k={TINY_K}, v={TINY_V}"),
+             Case((q[:, :, 2:], k, v), _sdpa_attention(q[:, :, 2:], k, v),
+                  f"the same, but only the last query (a decode step: Tq=1, Tk=3): q={TINY_Q[2:]}")]
+    shapes = [  # (B, H, Hkv, Tq, Tk, D, name)
+        (1, 4, 2, 2, 2, 2, "grouped-query, small: query heads 0, 1 share K/V head 0; heads 2, 3 share head 1"),
+        (2, 4, 4, 5, 5, 8, "multi-head: every query head has its own K/V head"),
+        (1, 9, 3, 6, 6, 64, "grouped-query, SmolLM2's shape: 9 query heads share 3 K/V heads"),
+        (1, 6, 2, 7, 7, 16, "grouped-query: 6 query heads share 2 K/V heads"),
+        (1, 4, 1, 5, 5, 16, "multi-query: all query heads share 1 K/V head"),
+        (2, 6, 2, 1, 1, 8, "a single token (Tq = Tk = 1)"),
+        (1, 9, 3, 1, 12, 64, "a decode step: one query at position 11 over 12 cached keys"),
+        (2, 4, 2, 3, 8, 16, "a chunk of 3 new queries (positions 5, 6, 7) over 8 keys"),
+        (1, 6, 3, 4, 5, 8, "4 queries over 5 keys: the first query sees keys 0 and 1"),
     ]
-    for seed, (b, h, hkv, t, d, name) in enumerate(shapes):
-        q, k, v = _randn(b, h, t, d, seed=3 * seed), _randn(b, hkv, t, d, seed=3 * seed + 1), \
-            _randn(b, hkv, t, d, seed=3 * seed + 2)
+    for seed, (b, h, hkv, tq, tk, d, name) in enumerate(shapes):
+        q, k, v = _randn(b, h, tq, d, seed=3 * seed), _randn(b, hkv, tk, d, seed=3 * seed + 1), \
+            _randn(b, hkv, tk, d, seed=3 * seed + 2)
         show = f"q=randn{tuple(q.shape)}, k, v=randn{tuple(k.shape)}  ({name})"
-        cases.append(Case((q, k, v), _engine_attention(q, k, v), show))
+        cases.append(Case((q, k, v), _sdpa_attention(q, k, v), show))
     return cases
 
 
-def _without_sdpa(fn):
-    """fn, but torch's fused attention raises while it runs: the exercise is to
-    write the steps out."""
-    import torch.nn.functional as F
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("write the steps yourself (matmul, mask, softmax, matmul), "
-                           "not F.scaled_dot_product_attention")
-
-    def guarded(*args):
-        original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = refuse
-        try:
-            return fn(*args)
-        finally:
-            F.scaled_dot_product_attention = original
-
-    return guarded
-
-
 def check_causal_gqa_attention(causal_gqa_attention) -> bool:
-    """causal_gqa_attention(q [B, H, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D])
-    -> [B, H, T, D], against torch's scaled_dot_product_attention(is_causal=True,
-    enable_gqa=True)."""
-    return _report("causal_gqa_attention", _without_sdpa(causal_gqa_attention), _attention_cases, same=_close)
+    """causal_gqa_attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, D])
+    -> [B, H, Tq, D], Tq <= Tk, the queries being the last Tq positions; against
+    torch's scaled_dot_product_attention with an explicit mask. Writing it with
+    that kernel, or with the course's own answer, is refused."""
+    from ..kv_cache import KVCache
+    from ..paged_kv_cache import PagedKVCache
+
+    forbidden = (F.scaled_dot_product_attention, reference_causal_gqa_attention, KVCache.attend,
+                 PagedKVCache.attend)
+    return _report("causal_gqa_attention", causal_gqa_attention, _attention_cases, same=_close,
+                   forbidden=forbidden, keep="attention")

@@ -26,6 +26,7 @@ Two more things `_report` does, both so that a ✓ means the learner wrote it:
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import sys
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ def _report(name: str, fn: Callable, make_cases: Callable[[], list[Case]], same=
     """Run `fn` on every case; print ✓ or the first failure; return a bool.
 
     forbidden: functions or classes `fn` must not call (see the module doc);
-    keep: the piece name under which a passing `fn` is kept for later labs."""
+    keep: the piece name under which a passing `fn` is kept for later labs, or
+    (piece, the learner's object) when `fn` is a wrapper the check built around it."""
     try:
         cases = make_cases()
     except Exception as e:  # the course's fault, not the learner's; still never raise
@@ -78,7 +80,8 @@ def _report(name: str, fn: Callable, make_cases: Callable[[], list[Case]], same=
     if keep is not None:
         from . import my_engine  # here, not at the top: my_engine imports this module
 
-        my_engine.keep(keep, fn)
+        piece, obj = (keep, fn) if isinstance(keep, str) else keep
+        my_engine.keep(piece, obj)
     return True
 
 
@@ -127,11 +130,13 @@ def _functions_of(obj) -> list[tuple[str, Callable]]:
             if not klass.__module__.startswith("tinyinfer"):
                 continue
             for attr, value in vars(klass).items():
-                value = getattr(value, "__func__", value)  # staticmethod/classmethod
+                value = inspect.unwrap(getattr(value, "__func__", value))  # staticmethod/classmethod
                 if hasattr(value, "__code__"):
                     found.append((f"{label}.{attr}", value))
         return found
-    return [(label, getattr(obj, "__func__", obj))]
+    # inspect.unwrap: a function behind a decorator (functools.wraps) is watched
+    # by its own code, not by the decorator's wrapper, which many functions share.
+    return [(label, inspect.unwrap(getattr(obj, "__func__", obj)))]
 
 
 def _safe_same(same, got, expected) -> bool:

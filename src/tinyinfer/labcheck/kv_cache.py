@@ -1,5 +1,6 @@
-"""Lab 5 (the KV cache): checks for writing one layer's cache, the cache's size
-per token, and the work of decoding with and without a cache."""
+"""Lab 5 (the KV cache): checks for writing one layer's cache (update_kv_cache)
+and for a whole KV cache the model runs on (KVCache), both against the engine's
+own tinyinfer.kv_cache.KVCache, which they refuse to be given."""
 from __future__ import annotations
 
 import math
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from .core import Case, _report
+from .generation import _Runs
 
-# ---------------------------------------------------------------- exercise 1: the cache update
+# ---------------------------------------------------------------- exercise 1: one layer's update
 
 
 def reference_update_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
@@ -64,7 +66,7 @@ def _run_update(fn):
         result = fn(k_c, v_c, k_new.clone(), v_new.clone(), start)
         keys, values = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
         return _Outcome(keys, values, k_c, v_c, _written(k_cache, k_c))
-    return run
+    return _Runs(fn, run)
 
 
 def _engine_update(k_cache, v_cache, k_new, v_new, start) -> _Outcome:
@@ -110,66 +112,182 @@ def _update_cases() -> list[Case]:
 def check_update_kv_cache(fn) -> bool:
     """fn(k_cache, v_cache, k_new, v_new, start) writes the new keys and values
     at positions start.. in place and returns the visible (keys, values)."""
-    return _report("update_kv_cache", _run_update(fn), _update_cases)
+    from ..kv_cache import KVCache
+
+    return _report("update_kv_cache", _run_update(fn), _update_cases,
+                   forbidden=(reference_update_kv_cache, KVCache), keep="update_kv_cache")
 
 
-# ---------------------------------------------------------------- exercise 2: bytes per token
+# ---------------------------------------------------------------- exercise 2: the whole cache
 
 
-def reference_kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: float) -> float:
-    """The course's answer to lab 5's kv_bytes_per_token exercise."""
-    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_value
+class ReferenceKVCache:
+    """The course's answer to lab 5's KVCache exercise."""
+
+    # Lab 2's attention and lab 5's update, as functions: the learner's own
+    # where kept, the course's otherwise (set below, once both are defined).
+    attention = None
+    update_kv_cache = None
+
+    def __init__(self, config, batch_size: int, max_len: int, dtype, device):
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def visible_length(self, positions: torch.Tensor) -> int:
+        n = int(positions.max()) + 1
+        if n > self.max_len:
+            raise ValueError(f"position {n - 1} is past the cache's {self.max_len} slots")
+        return n
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> torch.Tensor:
+        B = q.shape[0]
+        start = int(meta.positions[0, 0])  # every sequence in the batch writes the same positions
+        keys, values = self.update_kv_cache(self.k[layer, :B], self.v[layer, :B], k.transpose(1, 2),
+                                            v.transpose(1, 2), start)  # [B, Hkv, start + T, D]
+        out = self.attention(q.transpose(1, 2), keys, values)  # [B, H, T, D]
+        return out.transpose(1, 2).flatten(2)  # [B, T, H*D]
 
 
-def _close(got, expected) -> bool:
-    return (isinstance(got, numbers.Real) and not isinstance(got, bool)
-            and math.isclose(float(got), expected, rel_tol=1e-9))
+def _fallback_pieces():
+    from .attention import reference_causal_gqa_attention
+
+    ReferenceKVCache.attention = staticmethod(reference_causal_gqa_attention)
+    ReferenceKVCache.update_kv_cache = staticmethod(reference_update_kv_cache)
 
 
-def _kv_bytes_cases() -> list[Case]:
-    rows = [  # layers, KV heads, head dim, bytes per value, expected (None: from the formula), what
-        (32, 8, 128, 2, 131_072, "the explainer's 7B example in FP16: 128 KiB"),
-        (80, 8, 128, 2, 327_680, "a Llama-3-70B shape in FP16: Inference 101's 'about 320 KB'"),
-        (30, 3, 64, 4, None, "SmolLM2-135M, float32"),
-        (30, 3, 64, 2, None, "SmolLM2-135M, bfloat16"),
-        (32, 32, 128, 2, None, "a 7B model without GQA: one KV head per query head"),
-        (1, 1, 1, 1, None, "one layer, one head, one number, one byte"),
-        (40, 8, 128, 1, None, "an 8-bit (fp8) cache"),
+_fallback_pieces()
+
+
+def _attention_for_checks(q, k, v):
+    """Causal GQA attention, the queries being the last positions: what the
+    check hands the learner's cache, so the check tests the cache alone."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    Tq, Tk = q.shape[2], k.shape[2]
+    allowed = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+    scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~allowed, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _update_for_checks(k_cache, v_cache, k_new, v_new, start):
+    end = start + k_new.shape[2]
+    k_cache[:, :, start:end], v_cache[:, :, start:end] = k_new, v_new
+    return k_cache[:, :, :end], v_cache[:, :, :end]
+
+
+def _tiny_model(seed: int):
+    """A 2-layer Llama with random weights, grouped-query (4 query heads, 2 KV heads)."""
+    from ..config import ModelConfig
+    from ..model import LlamaForCausalLM
+
+    config = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+        for p in model.parameters():  # default init is tiny; spread it so every number matters
+            torch.nn.init.normal_(p, std=0.3)
+    return model
+
+
+class _Run:
+    """What a cache did in one scenario: the logits of every step, the cache's
+    keys and values over the written positions, and what visible_length said
+    just past the end."""
+
+    def __init__(self, logits, k, v, past_end):
+        self.logits, self.k, self.v, self.past_end = logits, k, v, past_end
+
+    def __eq__(self, other):
+        def close(a, b):
+            return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                    and torch.allclose(a, b, atol=1e-4, rtol=1e-4))
+        return (isinstance(other, _Run) and len(self.logits) == len(other.logits)
+                and all(close(a, b) for a, b in zip(self.logits, other.logits))
+                and close(self.k, other.k) and close(self.v, other.v) and self.past_end == other.past_end)
+
+    def __repr__(self):
+        def numbers(t, index, n):
+            if not isinstance(t, torch.Tensor):
+                return f"{type(t).__name__} (not a tensor)"
+            return " ".join(f"{x:.2f}" for x in t[index].flatten()[:n].tolist())
+        steps = " | ".join(numbers(t, (0, -1), 2) for t in self.logits)
+        shape = list(self.k.shape) if isinstance(self.k, torch.Tensor) else "-"
+        return (f"visible_length past the end: {self.past_end}; logits per step (2 numbers each): {steps}; "
+                f"cache.k {shape}, [0, 0, 0, :3, 0] = {numbers(self.k, (0, 0, 0, slice(0, 3), 0), 3)}, "
+                f"cache.v [0, 0, 0, :3, 0] = {numbers(self.v, (0, 0, 0, slice(0, 3), 0), 3)}")
+
+
+@torch.inference_mode()
+def _play(cache_class, seed, batch, max_len, steps) -> _Run:
+    """Run the scenario's steps (token counts, uniform metadata or not) on a fresh cache."""
+    from ..model import AttentionMetadata
+
+    model = _tiny_model(seed)
+    cache = cache_class(model.config, batch, max_len, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(seed)
+    start, logits = 0, []
+    for T, uniform in steps:
+        ids = torch.randint(model.config.vocab_size, (batch, T), generator=g)
+        positions = torch.arange(start, start + T).expand(batch, T)
+        meta = AttentionMetadata.uniform(positions, start) if uniform else None  # None: the model asks the cache
+        logits.append(model.compute_logits(model(ids, positions, cache, meta)).clone())
+        start += T
+    try:
+        past_end = f"returned {cache.visible_length(torch.tensor([[max_len]]))!r}"
+    except ValueError:
+        past_end = "raised ValueError"
+    k, v = getattr(cache, "k", None), getattr(cache, "v", None)
+    k = k[:, :, :, :start].clone() if isinstance(k, torch.Tensor) and k.dim() == 5 else k
+    v = v[:, :, :, :start].clone() if isinstance(v, torch.Tensor) and v.dim() == 5 else v
+    return _Run(logits, k, v, past_end)
+
+
+def _cache_cases() -> list[Case]:
+    from ..kv_cache import KVCache
+
+    rows = [  # seed, batch, max_len, steps [(new tokens, uniform metadata?)], what
+        (0, 1, 12, [(5, False)] + [(1, False)] * 4,
+         "a prefill of 5 tokens, then 4 decode steps (metadata from the cache)"),
+        (1, 1, 10, [(4, True)] + [(1, True)] * 3, "a prefill of 4 tokens, then 3 decode steps (uniform metadata)"),
+        (2, 2, 8, [(3, True)] + [(1, False)] * 3, "batch 2: a prefill of 3 tokens each, then 3 decode steps"),
+        (3, 1, 12, [(4, False), (3, False), (1, False), (1, False)],
+         "a prompt in two chunks (4 tokens, then 3 at positions 4..6), then 2 decode steps"),
     ]
-    return [Case((L, H, D, b), reference_kv_bytes_per_token(L, H, D, b) if want is None else want,
-                 f"num_layers={L}, num_kv_heads={H}, head_dim={D}, bytes_per_value={b}  ({note})")
-            for L, H, D, b, want, note in rows]
+    cases = []
+    for seed, batch, max_len, steps, what in rows:
+        expected = _play(KVCache, seed, batch, max_len, steps)
+        show = (f"the tiny model (2 layers, 4 query heads, 2 KV heads of 16), batch_size={batch}, max_len={max_len}: "
+                f"{what}")
+        cases.append(Case((seed, batch, max_len, steps), expected, show))
+    return cases
 
 
-def check_kv_bytes_per_token(fn) -> bool:
-    """fn(num_layers, num_kv_heads, head_dim, bytes_per_value) -> bytes per cached token."""
-    return _report("kv_bytes_per_token", fn, _kv_bytes_cases, same=_close)
+def _run_cache(cls):
+    def run(seed, batch, max_len, steps):
+        # Your class, with the check's own attention and update: only the cache is tested here.
+        checked = cls
+        if isinstance(cls, type):
+            checked = type(cls.__name__, (cls,), {"attention": staticmethod(_attention_for_checks),
+                                                  "update_kv_cache": staticmethod(_update_for_checks)})
+        return _play(checked, seed, batch, max_len, steps)
+    return _Runs(cls, run)
 
 
-# ---------------------------------------------------------------- exercise 3: work with and without the cache
+def check_kv_cache(cls) -> bool:
+    """cls(config, batch_size, max_len, dtype, device): a KV cache the model runs
+    on. It keeps k and v [layers, batch, KV heads, max_len, head_dim], answers
+    visible_length(positions), and attend(layer, q, k, v, meta) writes this
+    step's keys and values at their positions and attends over the visible ones
+    with self.attention. Against the engine's KVCache, on a tiny random model."""
+    import torch.nn.functional as F
 
+    from ..kv_cache import KVCache
+    from ..paged_kv_cache import PagedKVCache
+    from .attention import reference_causal_gqa_attention
 
-def reference_tokens_processed(prompt_len: int, new_tokens: int, use_cache: bool) -> int:
-    """The course's answer to lab 5's tokens_processed exercise."""
-    if use_cache:
-        return prompt_len + (new_tokens - 1)  # the prompt once, then one token per further step
-    # without a cache, the pass for output token i (0-based) re-reads prompt + i tokens
-    return sum(prompt_len + i for i in range(new_tokens))
-
-
-def _tokens_cases() -> list[Case]:
-    rows = [(32, 1, "one new token: prefill only, the cache has not helped yet"),
-            (100, 10, "a 100-token prompt, 10 new tokens"),
-            (1, 512, "a 1-token prompt, 512 new tokens"),
-            (512, 64, "a 512-token prompt, 64 new tokens"),
-            (7, 2, "small enough to count by hand")]
-    return [Case((p, n, cached), reference_tokens_processed(p, n, cached),
-                 f"prompt_len={p}, new_tokens={n}, use_cache={cached}  ({note})")
-            for p, n, note in rows for cached in (True, False)]
-
-
-def check_tokens_processed(fn) -> bool:
-    """fn(prompt_len, new_tokens, use_cache) -> token positions pushed through the model."""
-    return _report("tokens_processed", fn, _tokens_cases,
-                   same=lambda got, want: isinstance(got, numbers.Integral) and not isinstance(got, bool)
-                   and got == want)
+    forbidden = (KVCache, PagedKVCache, ReferenceKVCache, reference_update_kv_cache, reference_causal_gqa_attention,
+                 F.scaled_dot_product_attention)
+    return _report("kv_cache", _run_cache(cls), _cache_cases, forbidden=forbidden, keep="KVCache")

@@ -45,6 +45,7 @@ PIECES = {
     "schedule": ("lab 7", "reference_schedule"),
     "prefix_hashes": ("lab 7", "reference_prefix_hashes"),
     "run_engine": ("lab 7", "reference_run_engine"),
+    "paged_attention": ("lab 11", "reference_paged_attention"),
 }
 
 
@@ -63,7 +64,7 @@ def cell_source(obj) -> str | None:
     code = getattr(obj, "__code__", None)
     if code is None and isinstance(obj, type):  # a class: any method's code knows the cell
         code = next((f.__code__ for f in vars(obj).values() if hasattr(f, "__code__")), None)
-    if code is None:
+    if code is None or os.path.exists(code.co_filename):  # a cell has no file of its own on disk
         return None
     lines = linecache.getlines(code.co_filename)
     return "".join(lines) or None

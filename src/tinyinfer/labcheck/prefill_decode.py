@@ -1,99 +1,138 @@
-"""Lab 4 (prefill and decode): checks for latency metrics from timestamps,
-the arithmetic intensity of a matrix product, and the memory-bound prediction
-of a decode step's time."""
+"""Lab 4 (prefill and decode): the check of the timing harness. (The
+generation loop's check is in generation.py.)
+
+A timing harness has three jobs: a warm-up call first (the first call pays for
+memory allocation, kernel selection and cold caches); the best of several timed
+calls (noise only ever makes a run slower); and, on a GPU, waiting for the work
+to finish before reading the clock, since a CUDA call returns as soon as the
+work is queued. The check times scripted steps whose durations it knows, on the
+CPU and on a pretend CUDA device whose synchronize() it watches.
+"""
 from __future__ import annotations
 
 import math
+import time
+
+import torch
 
 from .core import Case, _report
-
-# ---------------------------------------------------------------- lab 4: prefill and decode
-
-
-def reference_ttft_and_tpot(arrival_time: float, token_times: list[float]) -> tuple[float, float | None]:
-    """The course's answer to lab 4's ttft_and_tpot exercise."""
-    ttft = token_times[0] - arrival_time
-    if len(token_times) < 2:
-        return ttft, None  # one token: there is no gap to average
-    return ttft, (token_times[-1] - token_times[0]) / (len(token_times) - 1)
+from .generation import _Runs
 
 
-def reference_arithmetic_intensity(m: int, n: int, k: int, bytes_per_value: float) -> float:
-    """The course's answer to lab 4's arithmetic_intensity exercise."""
-    flops = 2 * m * n * k
-    nbytes = (m * k + k * n + m * n) * bytes_per_value
-    return flops / nbytes
+def reference_time_step(step, device="cpu", repeats: int = 3) -> float:
+    """The course's answer to lab 4's time_step exercise."""
+    on_gpu = torch.device(device).type == "cuda"
+
+    def finish():  # wait until the device has done all the work queued so far
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    step()  # warm-up
+    finish()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        finish()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
-def reference_predict_decode_time(weight_bytes: float, kv_bytes_per_token: float, batch: int, context: int,
-                                  bandwidth: float) -> float:
-    """The course's answer to lab 4's predict_decode_time exercise."""
-    return (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
+# A timed call may take a little longer than the step itself measured (the call,
+# the clock reads, a busy machine pausing the process), never less; 5 ms covers
+# that, and every wrong answer to the cases below is off by 10 ms or more.
+SLACK = 0.005
 
 
-def _close(got, expected) -> bool:
-    """Equal up to float rounding, element by element; None only matches None."""
-    if isinstance(expected, tuple):
-        return isinstance(got, (tuple, list)) and len(got) == len(expected) and all(
-            _close(g, e) for g, e in zip(got, expected))
-    if expected is None or got is None:
-        return got is expected
-    return isinstance(got, (int, float)) and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-12)
+class _Script:
+    """A step whose i-th call sleeps durations[i], noting how long it really took
+    and, in `events`, each call and each synchronize() between them."""
+
+    def __init__(self, durations):
+        self.durations, self.taken, self.events = list(durations), [], []
+
+    def __call__(self):
+        i = len(self.taken)
+        start = time.perf_counter()
+        time.sleep(self.durations[i] if i < len(self.durations) else self.durations[-1])
+        self.taken.append(time.perf_counter() - start)
+        self.events.append("step")
+
+    def synchronize(self, *args, **kwargs):
+        self.events.append("sync")
 
 
-def _ttft_tpot_cases() -> list[Case]:
-    # Timestamps as time.perf_counter() gives them: seconds from an arbitrary start.
-    timings = [
-        (1000.0, [1000.5, 1000.625, 1000.75, 1000.875], "steady gaps of 0.125 s after a 0.5 s prefill"),
-        (52.25, [53.0, 53.25, 53.75, 54.75], "gaps of 0.25, 0.5 and 1 s"),
-        (7.0, [7.125, 7.375], "two tokens"),
-        (3.5, [4.0], "one token: no gap, so TPOT is None"),
-        (0.0, [2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "arrival at time 0"),
+class _Timing:
+    """What a harness did: how often it called the step, what it returned, the
+    fastest timed call (as the step measured itself), and on a GPU whether every
+    call was followed by a synchronize()."""
+
+    def __init__(self, calls, seconds, fastest, synced):
+        self.calls, self.seconds, self.fastest, self.synced = calls, seconds, fastest, synced
+
+    def __repr__(self):
+        sync = "" if self.synced is None else f"; every call followed by a synchronize(): {self.synced}"
+        secs = f"{self.seconds:.4f}" if isinstance(self.seconds, float) else repr(self.seconds)
+        return f"{self.calls} calls of step, returned {secs} (the fastest timed call took {self.fastest:.4f} s){sync}"
+
+
+class _Expected:
+    def __init__(self, calls, synced):
+        self.calls, self.synced = calls, synced
+
+    def __repr__(self):
+        sync = "" if self.synced is None else "; every call followed by a synchronize(): True"
+        return (f"{self.calls} calls of step (1 warm-up + {self.calls - 1} timed), returned the fastest timed "
+                f"call's time in seconds{sync}")
+
+
+def _same(got, expected) -> bool:
+    return (isinstance(got, _Timing) and got.calls == expected.calls and got.synced == expected.synced
+            and isinstance(got.seconds, (int, float)) and not isinstance(got.seconds, bool)
+            and got.fastest <= got.seconds <= got.fastest + SLACK)
+
+
+def _run(time_step):
+    def run(durations, device, repeats):
+        script = _Script(durations)
+        on_gpu = torch.device(device).type == "cuda"
+        real = torch.cuda.synchronize
+        if on_gpu:  # a pretend GPU: the check watches synchronize() instead of calling it
+            torch.cuda.synchronize = script.synchronize
+        try:
+            seconds = time_step(script, device, repeats)
+        finally:
+            torch.cuda.synchronize = real
+        timed = script.taken[1:] or [math.nan]
+        synced = None
+        if on_gpu:
+            ev = script.events
+            synced = all(i + 1 < len(ev) and ev[i + 1] == "sync" for i, e in enumerate(ev) if e == "step")
+        return _Timing(len(script.taken), float(seconds) if isinstance(seconds, (int, float)) else seconds,
+                       min(timed), synced)
+    return _Runs(time_step, run)
+
+
+def _cases() -> list[Case]:
+    rows = [  # durations of the calls (the first is the warm-up), device, repeats, what
+        ([0.002, 0.03, 0.015, 0.04], "cpu", 3, "the warm-up is the fastest call; timed calls of 30, 15, 40 ms"),
+        ([0.04, 0.025, 0.03, 0.012, 0.02, 0.03], torch.device("cpu"), 5, "a slow first call, then 5 timed calls"),
+        ([0.002, 0.03, 0.01], "cuda", 2, "on a GPU (pretend: the check watches torch.cuda.synchronize)"),
+        ([0.002, 0.01, 0.03, 0.025], torch.device("cuda"), 3, "on a GPU, device given as a torch.device"),
     ]
-    return [Case((arrival, times), reference_ttft_and_tpot(arrival, times),
-                 f"arrival_time={arrival}, token_times={times}  ({note})")
-            for arrival, times, note in timings]
+    cases = []
+    for durations, device, repeats, what in rows:
+        synced = True if torch.device(device).type == "cuda" else None
+        cases.append(Case((durations, device, repeats), _Expected(repeats + 1, synced),
+                          f"a step whose calls take {[round(d * 1e3) for d in durations]} ms, device={device!r}, "
+                          f"repeats={repeats}  ({what})"))
+    return cases
 
 
-def check_ttft_and_tpot(fn) -> bool:
-    """fn(arrival_time, token_times) -> (ttft, tpot), tpot None for a single token."""
-    return _report("ttft_and_tpot", fn, _ttft_tpot_cases, same=_close)
+def check_time_step(time_step) -> bool:
+    """time_step(step, device="cpu", repeats=3) -> seconds: one warm-up call,
+    then the fastest of `repeats` timed calls, synchronizing on a GPU."""
+    from ..hardware import best_time
 
-
-def _intensity_cases() -> list[Case]:
-    shapes = [
-        (2, 3, 4, 1, "a tiny product you can do by hand: 48 FLOPs, 26 bytes"),
-        (1, 4096, 4096, 2, "one token through a 4096 x 4096 bf16 weight: a matrix-vector product"),
-        (512, 1728, 576, 4, "a 512-token prefill through SmolLM2's qkv_proj in fp32"),
-        (1, 1728, 576, 4, "one decode token through the same weight"),
-        (8, 1536, 576, 2, "a batch of 8 decode tokens, bf16"),
-        (4096, 4096, 4096, 2, "a large square bf16 product"),
-    ]
-    return [Case((m, n, k, b), reference_arithmetic_intensity(m, n, k, b),
-                 f"m={m}, n={n}, k={k}, bytes_per_value={b}  ({note})")
-            for m, n, k, b, note in shapes]
-
-
-def check_arithmetic_intensity(fn) -> bool:
-    """fn(m, n, k, bytes_per_value) -> FLOPs per byte of an [m, k] @ [k, n] product."""
-    return _report("arithmetic_intensity", fn, _intensity_cases, same=_close)
-
-
-def _decode_time_cases() -> list[Case]:
-    smol_fp32, smol_kv = 538_060_032, 46_080  # SmolLM2-135M: weight bytes, KV bytes per token (fp32)
-    rows = [
-        (140e9, 0, 1, 0, 3.35e12, "Inference 101: 140 GB of weights, 3.35 TB/s, cache ignored"),
-        (140e9, 327_680, 1, 4000, 3.35e12, "the same model, one 4,000-token conversation (320 KiB per token)"),
-        (140e9, 327_680, 64, 4000, 3.35e12, "64 such conversations in one batch"),
-        (smol_fp32, smol_kv, 1, 512, 30e9, "SmolLM2 in fp32 at 512 tokens of context, 30 GB/s"),
-        (smol_fp32, smol_kv, 8, 2048, 30e9, "SmolLM2, batch 8, 2,048 tokens each"),
-    ]
-    return [Case((w, kv, b, c, bw), reference_predict_decode_time(w, kv, b, c, bw),
-                 f"weight_bytes={w:,.0f}, kv_bytes_per_token={kv:,}, batch={b}, context={c}, "
-                 f"bandwidth={bw:,.0f}  ({note})")
-            for w, kv, b, c, bw, note in rows]
-
-
-def check_predict_decode_time(fn) -> bool:
-    """fn(weight_bytes, kv_bytes_per_token, batch, context, bandwidth) -> seconds per decode step."""
-    return _report("predict_decode_time", fn, _decode_time_cases, same=_close)
+    return _report("time_step", _run(time_step), _cases, same=_same,
+                   forbidden=(reference_time_step, best_time))

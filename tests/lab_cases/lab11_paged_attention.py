@@ -1,0 +1,85 @@
+"""Lab 11 (your engine): wrong implementations of paged attention the check
+must reject, a correct one written here (independently of labcheck and the
+engine) that it must accept, and the course's own answers it must refuse.
+Collected by tests/test_labs.py."""
+import torch
+
+from tinyinfer import labcheck
+from tinyinfer.labcheck.paged_attention import _engine
+
+
+def _paged(q, k, v, k_pool, v_pool, batch, block_size, attention, *, slot="paged", write=True, new_at="end",
+           keys="all", values_from="v"):
+    """Paged attention with one plausible mistake switched on at a time."""
+    out, start = [], 0
+    for num_new, context_len, table in batch:
+        pos = list(range(context_len))
+        if slot == "paged":
+            slots = [table[p // block_size] * block_size + p % block_size for p in pos]
+        elif slot == "no_scale":  # forgets that a block holds block_size slots
+            slots = [table[p // block_size] + p % block_size for p in pos]
+        else:  # "contiguous": ignores the block table, as if the pool were one sequence's
+            slots = pos
+        slots = torch.tensor(slots)
+        new = slots[context_len - num_new:] if new_at == "end" else slots[:num_new]
+        if write:
+            k_pool.index_copy_(0, new, k[start:start + num_new])
+            v_pool.index_copy_(0, new, (v if values_from == "v" else k)[start:start + num_new])
+        read = slots if keys == "all" else new
+        out.append(attention(q[start:start + num_new].transpose(0, 1)[None],
+                             k_pool[read].transpose(0, 1)[None], v_pool[read].transpose(0, 1)[None])[0].transpose(0, 1))
+        start += num_new
+    return torch.cat(out)
+
+
+def _wrong(**mistake):
+    return lambda *args: _paged(*args, **mistake)
+
+
+def _independent(q, k, v, k_pool, v_pool, batch, block_size, attention):
+    """Correct, written another way: one pass to write every new token, then
+    one to attend, with the slots of a block built as a range."""
+    slot_lists, start = [], 0
+    for num_new, context_len, table in batch:
+        slots = torch.cat([torch.arange(b * block_size, (b + 1) * block_size) for b in table])[:context_len]
+        for i in range(num_new):
+            s = slots[context_len - num_new + i]
+            k_pool[s], v_pool[s] = k[start + i], v[start + i]
+        slot_lists.append((slots, start, num_new))
+        start += num_new
+    pieces = [attention(q[a:a + n].permute(1, 0, 2).unsqueeze(0), k_pool[s].permute(1, 0, 2).unsqueeze(0),
+                        v_pool[s].permute(1, 0, 2).unsqueeze(0)).squeeze(0).permute(1, 0, 2)
+              for s, a, n in slot_lists]
+    return torch.cat(pieces)
+
+
+def _through_the_engine(q, k, v, k_pool, v_pool, batch, block_size, attention):
+    out, k_new, v_new = _engine(q, k, v, k_pool, v_pool, batch, block_size)
+    k_pool.copy_(k_new)
+    v_pool.copy_(v_new)
+    return out
+
+
+def _through_sdpa(q, k, v, k_pool, v_pool, batch, block_size, attention):
+    from torch.nn.functional import scaled_dot_product_attention
+
+    def fused(qq, kk, vv):
+        Tq, Tk = qq.shape[2], kk.shape[2]
+        mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+        return scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+
+    return _paged(q, k, v, k_pool, v_pool, batch, block_size, fused)
+
+
+WRONG = {
+    "check_paged_attention": [
+        _wrong(write=False),  # reads the pool without writing this step's keys: stale keys
+        _wrong(slot="no_scale"),  # block id + offset, not block id * block_size + offset
+        _wrong(slot="contiguous"),  # ignores the block tables
+        _wrong(new_at="start"),  # writes the new tokens over the sequence's first positions
+        _wrong(keys="new"),  # attends over this step's tokens only: forgets the cached context
+        _wrong(values_from="k"),  # stores the keys in the value pool too
+    ],
+}
+REFERENCE = {"check_paged_attention": lambda: _independent}
+ANSWERS = {"check_paged_attention": [labcheck.reference_paged_attention, _through_the_engine, _through_sdpa]}
