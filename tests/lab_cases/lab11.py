@@ -1,0 +1,110 @@
+"""Lab 11 (your engine): engines the check must reject, one it must accept, and
+the course's own it must refuse. Collected by tests/test_labs.py.
+
+The correct engine below is written for these tests (its own RoPE, attention
+and cache); each wrong one is it with one plausible assembly mistake. The loop,
+scheduler and allocator are the course's references: the check is about
+putting the pieces together in the forward pass."""
+import math
+
+import torch
+
+from tinyinfer import labcheck
+from tinyinfer.model_runner import ModelRunner
+
+
+def _rope(x, positions, theta):  # x [heads, N, D], positions [N]
+    d = x.shape[-1]
+    angle = positions[:, None].float() * theta ** (-torch.arange(0, d, 2).float() / d)[None]  # [N, D/2]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1)
+
+
+def make_serve(absolute_positions=True, read_cache=True, rotate_cached_keys=True, mlp_residual=True,
+               last_token=True, interleave_heads=True):
+    """A correct engine when every flag is True."""
+
+    def execute(model, pool_k, pool_v, block_size, scheduled, allocator):
+        cfg = model.config
+        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        ids, pos, spans = [], [], []
+        for req, n in scheduled:
+            table = allocator.block_tables[req.seq_id]
+            p = torch.arange(req.num_computed + n)
+            slots = torch.tensor(table)[p // block_size] * block_size + p % block_size
+            spans.append((req, len(ids), n, slots))
+            ids += req.token_ids[req.num_computed : req.num_computed + n]
+            pos += range(req.num_computed, req.num_computed + n) if absolute_positions else range(n)
+        pos = torch.tensor(pos)
+        with torch.no_grad():
+            x = model.model.embed_tokens(torch.tensor(ids))
+            for i, layer in enumerate(model.model.layers):
+                h = layer.self_attn.qkv_proj(layer.input_layernorm(x)).view(len(ids), H + 2 * Hkv, D).transpose(0, 1)
+                q, k, v = _rope(h[:H], pos, cfg.rope_theta), _rope(h[H : H + Hkv], pos, cfg.rope_theta), h[H + Hkv :]
+                new = torch.cat([s[-n:] for _, _, n, s in spans])
+                pool_k[i][new] = (k if rotate_cached_keys else h[H : H + Hkv]).transpose(0, 1)
+                pool_v[i][new] = v.transpose(0, 1)
+                out = torch.zeros(len(ids), H * D)
+                for req, first, n, slots in spans:
+                    if read_cache:
+                        keys, values = pool_k[i][slots].transpose(0, 1), pool_v[i][slots].transpose(0, 1)
+                    else:
+                        keys, values = k[:, first : first + n], v[:, first : first + n]
+                    rep = H // Hkv
+                    if interleave_heads:
+                        keys, values = keys.repeat_interleave(rep, 0), values.repeat_interleave(rep, 0)
+                    else:
+                        keys, values = keys.repeat(rep, 1, 1), values.repeat(rep, 1, 1)
+                    qs = q[:, first : first + n]
+                    scores = qs @ keys.transpose(1, 2) / math.sqrt(D)  # [H, n, ctx]
+                    ctx = keys.shape[1]
+                    allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+                    w = scores.masked_fill(~allowed, -math.inf).softmax(-1)
+                    out[first : first + n] = (w @ values).transpose(0, 1).reshape(n, H * D)
+                x = x + layer.self_attn.o_proj(out)
+                m = layer.mlp(layer.post_attention_layernorm(x))
+                x = x + m if mlp_residual else m
+            x = model.model.norm(x)
+            done = [(req, first + n - 1 if last_token else first) for req, first, n, _ in spans
+                    if req.num_computed + n == req.num_tokens]
+            logits = model.lm_head(x[[r for _, r in done]])
+        return {req.seq_id: logits[j] for j, (req, _) in enumerate(done)}
+
+    def serve(model, requests, num_blocks, block_size, token_budget, max_num_seqs, eos_token_ids):
+        cfg = model.config
+        shape = (cfg.num_hidden_layers, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
+        pool_k, pool_v = torch.zeros(shape), torch.zeros(shape)
+        return labcheck.reference_run_engine(
+            requests, labcheck.ReferenceBlockAllocator(num_blocks, block_size), labcheck.reference_schedule,
+            lambda scheduled, allocator: execute(model, pool_k, pool_v, block_size, scheduled, allocator),
+            lambda logits, t, g: int(logits.argmax()), token_budget, max_num_seqs, eos_token_ids)
+
+    return serve
+
+
+def _tinyinfer_forward_serve(model, requests, num_blocks, block_size, token_budget, max_num_seqs, eos_token_ids):
+    """Lab 7's engine: tinyinfer's model forward and paged cache do the arithmetic."""
+    return labcheck.reference_run_engine(
+        requests, labcheck.ReferenceBlockAllocator(num_blocks, block_size), labcheck.reference_schedule,
+        labcheck.make_execute_model(model, num_blocks, block_size), lambda x, t, g: int(x.argmax()),
+        token_budget, max_num_seqs, eos_token_ids)
+
+
+def _model_runner_serve(model, requests, num_blocks, block_size, token_budget, max_num_seqs, eos_token_ids):
+    """tinyinfer's ModelRunner behind the lab's interface."""
+    runner = ModelRunner(model, torch.device("cpu"), torch.float32, num_blocks, block_size)
+    return runner
+
+
+WRONG = {
+    "check_your_engine": [
+        make_serve(absolute_positions=False),  # RoPE positions restart at 0 every step
+        make_serve(read_cache=False),  # attention sees only this step's keys, not the cached ones
+        make_serve(rotate_cached_keys=False),  # caches the keys before RoPE
+        make_serve(mlp_residual=False),  # the MLP's output replaces the residual stream
+        make_serve(last_token=False),  # samples from a chunk's first token, not its last
+        make_serve(interleave_heads=False),  # query head h reads K/V head h % Hkv, not h // group
+    ],
+}
+REFERENCE = {"check_your_engine": lambda: make_serve()}
+ANSWERS = {"check_your_engine": [_tinyinfer_forward_serve, _model_runner_serve]}
