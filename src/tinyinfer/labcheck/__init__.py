@@ -12,7 +12,7 @@ from .beyond import (  # noqa: F401
 from .batching import ReferenceBlockAllocator, check_block_allocator  # noqa: F401
 from .scheduling import Request, Step, check_prefix_hashes, check_run_engine, check_schedule, make_execute_model, reference_prefix_hashes, reference_run_engine, reference_schedule  # noqa: F401,E501
 from .capstone import check_your_engine, compare_outputs  # noqa: F401
-from .paged_attention import check_paged_attention, compare_with_engine, reference_paged_attention  # noqa: F401
+from .paged_attention import check_paged_attention, reference_paged_attention  # noqa: F401
 from .attention import check_causal_gqa_attention, check_rope, reference_causal_gqa_attention, reference_rope  # noqa: F401
 from .fleets import check_p95_and_goodput, check_power_of_two, reference_p95_and_goodput, reference_power_of_two  # noqa: F401
 from .kv_cache import ReferenceKVCache, check_kv_cache, check_update_kv_cache, reference_update_kv_cache  # noqa: F401

@@ -1,5 +1,5 @@
-"""Lab 11 (your engine): the check of paged attention, and the comparison of
-your engine's replies with tinyinfer's.
+"""Lab 11 (your engine): the check of paged attention (capstone.py has the
+check of the assembled engine).
 
 Paged attention is the one piece lab 11 adds: the step's new keys and values
 go into a shared pool of slots, at the slots that each sequence's block table
@@ -134,20 +134,3 @@ def check_paged_attention(paged_attention) -> bool:
     return _report("paged_attention", run, _cases, same=_same,
                    forbidden=(reference_paged_attention, PagedKVCache, sdpa),
                    keep=("paged_attention", paged_attention))
-
-
-def compare_with_engine(mine: dict[str, list[int]], theirs: dict[str, list[int]], what: str = "LLM.generate") -> bool:
-    """Print ✓ when every request got exactly the same token ids from your
-    engine as from tinyinfer's, else ✗ and where the first one differs."""
-    bad = []
-    for rid, expected in theirs.items():
-        got = list(mine.get(rid, []))
-        if got != list(expected):
-            at = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-            bad.append(f"{rid}: first difference at output token {at} (yours {got[at:at + 3]}, "
-                       f"{what}'s {list(expected)[at:at + 3]}; {len(got)} vs {len(expected)} tokens)")
-    if bad:
-        print(f"✗ {len(bad)} of {len(theirs)} requests differ from {what}:\n    " + "\n    ".join(bad[:5]))
-        return False
-    print(f"✓ all {len(theirs)} requests: the same tokens as {what}, token for token")
-    return True
