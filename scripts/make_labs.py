@@ -174,7 +174,7 @@ def add_colab_cells(lab, lab_name: str, repo: dict) -> None:
     at = 1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0
     extra = [req for name, req in COLAB_EXTRA_REQUIREMENTS.items() if name in lab_imports(lab)]
     lab.cells[at:at] = colab_cells(lab_name, repo, extra)
-    lab.cells.insert(at + 1, nbformat.v4.new_markdown_cell(LAB_NOTE, id=LAB_NOTE_ID))
+    lab.cells.insert(at + 2, nbformat.v4.new_markdown_cell(LAB_NOTE, id=LAB_NOTE_ID))  # after the install cell
 
 
 def has_tag(cell, tag: str) -> bool:
