@@ -1,8 +1,9 @@
 """One serving replica: a continuous-batching engine reduced to its timing.
 
 The real scheduler (tinyinfer.scheduler, like vLLM's) decides every step which
-sequences run; here we keep exactly those decisions and replace the forward pass
-by the StepCostModel's estimate of how long it takes. The rules, in order:
+sequences run. Here a simpler set of rules with the same budgets decides, and
+the StepCostModel's estimate of how long the step takes replaces the forward
+pass. The rules, in order:
 
   1. every running sequence that has finished its prompt decodes one token
      (running requests go first: starving them would stall replies mid-stream);
@@ -11,10 +12,13 @@ by the StepCostModel's estimate of how long it takes. The rules, in order:
   3. waiting requests are admitted first-come-first-served while there is
      budget, a free batch slot (max_num_seqs) and room in the KV cache.
 
-KV space is reserved for prompt + output when a request is admitted, so a
-running request can never run out of cache and nothing needs preempting. (vLLM
-allocates blocks lazily and preempts when it runs out; reserving up front is
-simpler and errs on the side of admitting fewer requests.)
+Where the real scheduler differs: it walks the running requests oldest first,
+giving each its decode token or its next prefill chunk, so an old prompt's
+chunk can come before a younger request's decode; here every decode goes first.
+And here KV space is reserved for prompt + output when a request is admitted, so a running request
+can never run out of cache and nothing needs preempting. (tinyinfer and vLLM
+allocate blocks as tokens arrive and preempt when they run out; reserving up
+front errs on the side of admitting fewer requests.)
 """
 from __future__ import annotations
 
