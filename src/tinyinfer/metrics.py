@@ -31,25 +31,58 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(values, q)) if values else math.nan
 
 
+_UNITS = {"s": 1.0, "ms": 1e3}  # a latency in seconds times this is in the unit
+
+
 @dataclass(frozen=True)
 class LatencyStats:
-    """Mean and percentiles of one latency, in seconds."""
+    """Count, mean, median, standard deviation and percentiles of one latency.
+
+    The values are in `unit`: seconds for the engine's and the fleet simulator's
+    reports, milliseconds for `tinyinfer bench`, which prints what vLLM's `bench
+    serve` prints. The *_ms properties read milliseconds whatever the unit."""
 
     count: int
     mean: float
-    p50: float
-    p95: float
-    p99: float
+    median: float
+    std: float
+    percentiles: dict  # {95.0: value, ...}, one entry per percentile asked for
+    unit: str = "s"
 
     @classmethod
-    def of(cls, values) -> "LatencyStats":
-        values = [float(v) for v in values]
-        mean = float(np.mean(values)) if values else math.nan
-        return cls(len(values), mean, *(percentile(values, q) for q in PERCENTILES))
+    def of(cls, seconds, percentiles=PERCENTILES, unit: str = "s") -> "LatencyStats":
+        """The statistics of `seconds` (an iterable of latencies in seconds)."""
+        values = [float(v) * _UNITS[unit] for v in seconds]
+        mean, std = (float(np.mean(values)), float(np.std(values))) if values else (math.nan, math.nan)
+        return cls(len(values), mean, percentile(values, 50), std,
+                   {float(q): percentile(values, q) for q in percentiles}, unit)
+
+    def p(self, q: float) -> float:
+        """The q-th percentile, in this object's unit (one of those asked for)."""
+        return self.percentiles[float(q)]
+
+    p50 = property(lambda self: self.median)
+    p95 = property(lambda self: self.p(95))
+    p99 = property(lambda self: self.p(99))
+
+    def _to_ms(self, value: float) -> float:
+        return value * 1e3 / _UNITS[self.unit]
+
+    mean_ms = property(lambda self: self._to_ms(self.mean))
+    median_ms = property(lambda self: self._to_ms(self.median))
+    std_ms = property(lambda self: self._to_ms(self.std))
+    percentiles_ms = property(lambda self: {q: self._to_ms(v) for q, v in self.percentiles.items()})
+
+    def to_dict(self) -> dict:
+        """Flat and JSON-ready: count, mean, median, std, p50, p95, ..., unit."""
+        d = {"count": self.count, "mean": self.mean, "median": self.median, "std": self.std}
+        d.update({f"p{q:g}": v for q, v in self.percentiles.items()})
+        return {**d, "unit": self.unit}
 
     def __str__(self) -> str:
-        cells = ", ".join(f"{k}={_ms(getattr(self, k))} ms" for k in ("mean", "p50", "p95", "p99"))
-        return f"LatencyStats(n={self.count}, {cells})"
+        cells = [f"mean={_ms_text(self.mean_ms)} ms"]
+        cells += [f"p{q:g}={_ms_text(v)} ms" for q, v in self.percentiles_ms.items()]
+        return f"LatencyStats(n={self.count}, {', '.join(cells)})"
 
     __repr__ = __str__
 
@@ -82,9 +115,7 @@ class BenchmarkMetrics:
             f"{'(ms)':<6}{'mean':>9}{'p50':>9}{'p95':>9}{'p99':>9}",
         ]
         for name in ("ttft", "tpot", "itl", "e2e"):
-            s = getattr(self, name)
-            cells = "".join(f"{_ms(getattr(s, k)):>9}" for k in ("mean", "p50", "p95", "p99"))
-            lines.append(f"{name.upper():<6}{cells}")
+            lines.append(f"{name.upper():<6}{latency_cells(getattr(self, name))}")
         return "\n".join(lines)
 
     __str__ = __repr__ = table
@@ -109,8 +140,14 @@ def summarize(outputs, duration: float | None = None) -> BenchmarkMetrics:
     )
 
 
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1e3:.1f}"
+def latency_cells(stats: LatencyStats, width: int = 9) -> str:
+    """Mean, p50, p95 and p99 in ms, right-aligned: one row of a latency table."""
+    values = (stats.mean, stats.p50, stats.p95, stats.p99)
+    return "".join(f"{_ms_text(stats._to_ms(v)):>{width}}" for v in values)
+
+
+def _ms_text(ms: float) -> str:
+    return "-" if math.isnan(ms) else f"{ms:.1f}"
 
 
 def json_safe(x):

@@ -20,9 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..metrics import json_safe, percentile
+from ..metrics import LatencyStats, json_safe
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -79,28 +77,6 @@ class RequestRecord:
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
 
 
-@dataclass(frozen=True)
-class Latency:
-    """Mean, median, standard deviation and chosen percentiles of one latency, in ms."""
-
-    count: int
-    mean_ms: float
-    median_ms: float
-    std_ms: float
-    percentiles_ms: dict  # {99.0: value, ...}
-
-    @classmethod
-    def of(cls, seconds, percentiles=(50, 95, 99)) -> "Latency":
-        ms = [s * 1e3 for s in seconds]
-        if not ms:
-            return cls(0, math.nan, math.nan, math.nan, {float(p): math.nan for p in percentiles})
-        return cls(len(ms), float(np.mean(ms)), percentile(ms, 50), float(np.std(ms)),
-                   {float(p): percentile(ms, p) for p in percentiles})
-
-    def p(self, q: float) -> float:
-        return self.percentiles_ms[float(q)]
-
-
 @dataclass
 class BenchResult:
     """The outcome of a run: counts, throughputs, latency statistics, and every
@@ -116,10 +92,10 @@ class BenchResult:
     output_throughput: float  # generated tokens / s
     total_token_throughput: float  # (input + output tokens) / s
     request_goodput: float | None  # good requests / s; None without SLOs
-    ttft: Latency
-    tpot: Latency
-    itl: Latency
-    e2el: Latency
+    ttft: LatencyStats  # in ms, as vLLM reports them
+    tpot: LatencyStats
+    itl: LatencyStats
+    e2el: LatencyStats
     percentiles: tuple = (50, 95, 99)
     goodput_slos_ms: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
@@ -208,10 +184,10 @@ def calculate_metrics(records, duration: float, percentiles=(50, 95, 99), goodpu
         output_throughput=total_out / duration,
         total_token_throughput=(total_in + total_out) / duration,
         request_goodput=sum(is_good(r, slos) for r in ok) / duration if slos else None,
-        ttft=Latency.of([r.ttft for r in ok], percentiles),
-        tpot=Latency.of([r.tpot for r in ok if r.tpot is not None], percentiles),
-        itl=Latency.of([g for r in ok for g in r.itl], percentiles),
-        e2el=Latency.of([r.e2el for r in ok], percentiles),
+        ttft=LatencyStats.of([r.ttft for r in ok], percentiles, unit="ms"),
+        tpot=LatencyStats.of([r.tpot for r in ok if r.tpot is not None], percentiles, unit="ms"),
+        itl=LatencyStats.of([g for r in ok for g in r.itl], percentiles, unit="ms"),
+        e2el=LatencyStats.of([r.e2el for r in ok], percentiles, unit="ms"),
         percentiles=tuple(percentiles),
         goodput_slos_ms=slos,
         config=dict(config or {}),
@@ -258,6 +234,8 @@ def _fmt(v) -> str:
         return "-" if math.isnan(v) else f"{v:.2f}"
     return str(v)
 
+
+Latency = LatencyStats  # the name this module gave its latency statistics before they joined metrics.py
 
 __all__ = ["RequestRecord", "Latency", "BenchResult", "calculate_metrics", "parse_goodput", "is_good",
            "format_table"]
