@@ -13,11 +13,14 @@ the tail (p95, p99): users remember the slow replies, and averages hide them.
 
     outs = llm.generate(prompts, params)
     print(summarize(outs))
+
+A client outside the engine (tinyinfer bench, workload.replay) times each
+request itself, in a RequestRecord; LatencyStats pools either kind.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -85,6 +88,76 @@ class LatencyStats:
         return f"LatencyStats(n={self.count}, {', '.join(cells)})"
 
     __repr__ = __str__
+
+
+@dataclass
+class RequestRecord:
+    """One request as a client saw it: what was asked, when things happened
+    (seconds since the run started) and what came back.
+
+    `tinyinfer bench` fills one per HTTP request; workload.replay fills one per
+    request it adds to an engine, with one chunk per token. The definitions are
+    those of vLLM's `bench serve`, counted from the send (which is later than
+    the arrival when a concurrency cap held the request back):
+
+        ttft   first content chunk - send
+        e2el   last content chunk - send
+        tpot   (e2el - ttft) / (output_tokens - 1): per token after the first
+        itl    every gap between consecutive content chunks
+
+    TPOT and ITL differ when a server sends several tokens in one chunk: TPOT
+    divides by the token count the server reports (usage), ITL sees chunk gaps."""
+
+    index: int
+    prompt_len: int  # input tokens we meant to send (usage's prompt_tokens wins when present)
+    max_tokens: int
+    arrival_time: float = math.nan  # when the workload released it
+    send_time: float = math.nan  # when it went out (later than arrival if the concurrency cap held it)
+    chunk_times: list[float] = field(default_factory=list)  # one per content chunk
+    prompt_tokens: int | None = None  # from the server's usage report
+    completion_tokens: int | None = None
+    status: str = "pending"  # "ok", "failed" or "rejected" (HTTP 429: the server said "not now")
+    http_status: int | None = None
+    error: str = ""
+    retry_after: float | None = None  # seconds, from a 429's Retry-After header
+    text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def input_tokens(self) -> int:
+        return self.prompt_tokens if self.prompt_tokens is not None else self.prompt_len
+
+    @property
+    def output_tokens(self) -> int:
+        """Usage's completion_tokens; without usage, one token per content chunk."""
+        return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.send_time if self.ok else None
+
+    @property
+    def e2el(self) -> float | None:
+        return self.chunk_times[-1] - self.send_time if self.ok else None
+
+    @property
+    def tpot(self) -> float | None:
+        """None when there is no second token to time."""
+        if not self.ok or self.output_tokens <= 1:
+            return None
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
+
+    # The three moments a timeline of requests draws (lab 7 plots replay's records).
+    arrival = property(lambda self: self.arrival_time)
+    first_token = property(lambda self: self.chunk_times[0] if self.chunk_times else None)
+    finish = property(lambda self: self.chunk_times[-1] if self.chunk_times else None)
 
 
 @dataclass(frozen=True)

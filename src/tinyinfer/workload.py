@@ -17,8 +17,9 @@ Prompts are random token ids (seeded), and every request runs greedy with
 ignore_eos for exactly output_len tokens, so every configuration does the same
 work.
 
-The result keeps one record per request (when it arrived, got its first token
-and finished) and one per engine step (what ran, what waited, and the KV cache
+The result keeps one record per request (a metrics.RequestRecord, the same
+kind tinyinfer bench keeps: when it arrived and when each token came) and one
+per engine step (what ran, what waited, and the KV cache
 reserved against the KV cache holding real tokens), enough to plot throughput,
 latency percentiles, a timeline of the batch and the memory it wasted.
 """
@@ -29,28 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import percentile
+from .metrics import RequestRecord, percentile
 from .sampling import SamplingParams
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request, in seconds since the replay started."""
-
-    request_id: str
-    prompt_len: int
-    output_len: int
-    arrival: float
-    first_token: float
-    finish: float
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def e2e(self) -> float:
-        return self.finish - self.arrival
 
 
 @dataclass(frozen=True)
@@ -75,7 +56,7 @@ class ReplayResult:
 
     @property
     def output_tokens(self) -> int:
-        return sum(r.output_len for r in self.requests)
+        return sum(r.output_tokens for r in self.requests)
 
     @property
     def throughput(self) -> float:
@@ -84,7 +65,7 @@ class ReplayResult:
 
     def latency(self, q: float) -> float:
         """The q-th percentile of end-to-end latency, in seconds."""
-        return percentile([r.e2e for r in self.requests], q)
+        return percentile([r.e2el for r in self.requests], q)
 
     def kv_waste(self) -> float:
         """Share of the reserved KV bytes that held no token, over all steps."""
@@ -107,7 +88,7 @@ def replay(engine, workload, seed: int = 0) -> ReplayResult:
     pending = sorted(workload, key=lambda r: r.arrival_time)
     vocab = engine.model_config.vocab_size
     start = time.perf_counter()
-    sizes, first, finish, steps = {}, {}, {}, []
+    records, steps = {}, []
     i = 0
     while i < len(pending) or engine.has_unfinished_requests():
         now = time.perf_counter() - start
@@ -119,28 +100,21 @@ def replay(engine, workload, seed: int = 0) -> ReplayResult:
             params = SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
             rid = engine.add_request({"prompt_token_ids": prompt_ids(r.prompt_len, vocab, seed * 100_003 + i)},
                                      params, request_id=f"r{r.request_id}", arrival_time=start + r.arrival_time)
-            sizes[rid] = (r.prompt_len, r.output_len, r.arrival_time)
+            # Sent the moment it arrives (no client-side cap), so latency counts from the arrival.
+            records[rid] = RequestRecord(i, r.prompt_len, r.output_len, arrival_time=r.arrival_time,
+                                         send_time=r.arrival_time, completion_tokens=r.output_len, status="ok")
             i += 1
         outputs = engine.step()
         end = time.perf_counter() - start
-        for out in outputs:
-            first.setdefault(out.request_id, end)
-            if out.finished:
-                finish[out.request_id] = end
+        for out in outputs:  # one output per request that got a token this step
+            records[out.request_id].chunk_times.append(end)
         steps.append(_step_record(engine, end))
-    requests = [RequestRecord(rid, p, n, arrival, first[rid], finish[rid])
-                for rid, (p, n, arrival) in sizes.items()]
-    t0 = min(r.arrival for r in requests)
+    requests = list(records.values())
+    t0 = min(r.arrival_time for r in requests)
     return ReplayResult(requests, steps, max(r.finish for r in requests) - t0)
 
 
 def _step_record(engine, end: float) -> StepRecord:
-    st = engine.stats
-    used = st.kv_bytes_used
-    if engine.scheduling == "continuous":
-        # Count the tokens in the cache *after* finished requests left, to match
-        # kv_bytes_reserved, which the engine refreshes after they free their blocks.
-        used = sum(s.num_computed_tokens for s in engine.scheduler.running) * engine.kv_bytes_per_token
+    st = engine.stats  # filled after the step, once finished requests freed their cache
     return StepRecord(end, st.step_time_s, st.num_running, st.num_waiting, st.num_prefill_tokens,
-                      st.num_decode_tokens, st.kv_bytes_reserved, used)
-
+                      st.num_decode_tokens, st.kv_bytes_reserved, st.kv_bytes_used)

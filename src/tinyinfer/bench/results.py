@@ -1,15 +1,7 @@
-"""What one request saw, and what a whole run adds up to.
-
-The definitions are those of vLLM's `vllm bench serve`, measured on the client,
-from the moment the request is sent (after any client-side concurrency wait):
-
-    TTFT   time to first token: first content chunk - send
-    E2EL   end-to-end latency:  last content chunk - send
-    TPOT   time per output token after the first: (E2EL - TTFT) / (output_tokens - 1)
-    ITL    inter-token latency: every gap between consecutive content chunks
-
-TPOT and ITL differ when a server sends several tokens in one chunk: TPOT
-divides by the token count the server reports (usage), ITL sees chunk gaps.
+"""What a whole benchmark run adds up to: counts, throughputs, latency
+statistics and goodput, from one metrics.RequestRecord per request (whose
+docstring gives vLLM's definitions of TTFT, TPOT, ITL and E2EL, measured on
+the client from the moment a request is sent).
 
 Goodput counts only the requests a user would call good: those that meet every
 latency target (SLO) given. Throughput can rise while goodput falls, when a
@@ -20,61 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..metrics import LatencyStats, json_safe
+from ..metrics import LatencyStats, RequestRecord, json_safe
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
-
-
-@dataclass
-class RequestRecord:
-    """One request: what was asked, when things happened (seconds since the
-    benchmark started), what the server said."""
-
-    index: int
-    prompt_len: int  # input tokens we meant to send (usage's prompt_tokens wins when present)
-    max_tokens: int
-    arrival_time: float = math.nan  # when the workload released it
-    send_time: float = math.nan  # when it went out (later than arrival if the concurrency cap held it)
-    chunk_times: list[float] = field(default_factory=list)  # one per content chunk
-    prompt_tokens: int | None = None  # from the server's usage report
-    completion_tokens: int | None = None
-    status: str = "pending"  # "ok", "failed" or "rejected" (HTTP 429: the server said "not now")
-    http_status: int | None = None
-    error: str = ""
-    retry_after: float | None = None  # seconds, from a 429's Retry-After header
-    text: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def input_tokens(self) -> int:
-        return self.prompt_tokens if self.prompt_tokens is not None else self.prompt_len
-
-    @property
-    def output_tokens(self) -> int:
-        """Usage's completion_tokens; without usage, one token per content chunk."""
-        return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
-
-    @property
-    def ttft(self) -> float | None:
-        return self.chunk_times[0] - self.send_time if self.ok else None
-
-    @property
-    def e2el(self) -> float | None:
-        return self.chunk_times[-1] - self.send_time if self.ok else None
-
-    @property
-    def tpot(self) -> float | None:
-        """None when there is no second token to time."""
-        if not self.ok or self.output_tokens <= 1:
-            return None
-        return (self.e2el - self.ttft) / (self.output_tokens - 1)
-
-    @property
-    def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
 
 
 @dataclass
