@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from ..checks import check_int, is_int, require
 from ..config import EngineConfig
 from .cost import StepCostModel
 from .workload import SimRequest
@@ -43,13 +44,10 @@ class ReplicaConfig:
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"ReplicaConfig.{name}={value!r} is invalid: must be an integer >= 1")
-        if self.max_queue_len is not None and not (isinstance(self.max_queue_len, int) and self.max_queue_len >= 0):
-            raise ValueError(f"ReplicaConfig.max_queue_len={self.max_queue_len!r} is invalid: must be None or an integer >= 0")
-        if not (isinstance(self.prefix_cache_slots, int) and self.prefix_cache_slots >= 0):
-            raise ValueError(f"ReplicaConfig.prefix_cache_slots={self.prefix_cache_slots!r} is invalid: must be an integer >= 0")
+            check_int(f"ReplicaConfig.{name}", getattr(self, name), 1)
+        q = self.max_queue_len
+        require(q is None or (is_int(q) and q >= 0), "ReplicaConfig.max_queue_len", q, "None or an integer >= 0")
+        check_int("ReplicaConfig.prefix_cache_slots", self.prefix_cache_slots, 0)
 
 
 @dataclass(eq=False)
