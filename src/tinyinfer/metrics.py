@@ -154,10 +154,11 @@ class RequestRecord:
     def itl(self) -> list[float]:
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
 
-    # The three moments a timeline of requests draws (lab 7 plots replay's records).
+    # What a timeline of requests draws (lab 7 plots replay's records by these names).
     arrival = property(lambda self: self.arrival_time)
     first_token = property(lambda self: self.chunk_times[0] if self.chunk_times else None)
     finish = property(lambda self: self.chunk_times[-1] if self.chunk_times else None)
+    output_len = property(lambda self: self.output_tokens)
 
 
 @dataclass(frozen=True)
