@@ -30,15 +30,14 @@ Reported per system (with --repeats N, from its fastest of N turns):
           timestamps. p50 and p95 over requests.
   KV waste  1 - bytes holding real tokens / bytes reserved, recorded after every
           step and averaged weighted by reserved bytes (= 1 - sum used / sum reserved).
-          paged (continuous): reserved = blocks in use, used = tokens whose K/V
-          are in them, both read from the block manager and the running
-          sequences after the step (engine.stats is printed beside it: its
-          used bytes are counted before the step, its reserved bytes after
-          finished requests freed their blocks); static: its contiguous
-          cache of batch x (longest prompt + max_tokens). Two contiguous
-          reservations are also computed on the continuous schedule, for scale:
-          each running request reserving prompt + max_tokens up front, and each
-          reserving max_model_len.
+          Both numbers come from engine.stats, which the engine fills once a
+          step's finished requests have freed their cache, so they describe the
+          same moment. paged (continuous): reserved = blocks in use, used =
+          tokens whose K/V are in them; static: its contiguous cache of
+          batch x (longest prompt + max_tokens). Two contiguous reservations are
+          also computed on the continuous schedule, for scale: each running
+          request reserving prompt + max_tokens up front, and each reserving
+          max_model_len.
 """
 from __future__ import annotations
 
@@ -115,7 +114,7 @@ def run_tinyinfer(engine: LLMEngine, workload):
     Returns wall seconds, per-request (n_out, ttft, tpot) and KV ledgers."""
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for _, m, _ in workload]
     bpt = engine.kv_bytes_per_token
-    ledgers = {k: KVLedger() for k in ("stats", "paged", "reserve_max_tokens", "reserve_max_model_len")}
+    ledgers = {k: KVLedger() for k in ("stats", "reserve_max_tokens", "reserve_max_model_len")}
     done, pending = {}, list(range(len(workload)))
     sync(engine.device)
     c0, t0 = time.process_time(), time.perf_counter()
@@ -134,15 +133,12 @@ def run_tinyinfer(engine: LLMEngine, workload):
         st = engine.stats
         ledgers["stats"].add(st.kv_bytes_reserved, st.kv_bytes_used)
         if engine.scheduling == "continuous":
-            # The pool after the step, recomputed so both sides describe the same
-            # moment: blocks still held vs tokens whose K/V are in them.
+            # What a contiguous cache would have reserved for the same running
+            # requests, against the same bytes in use.
             running = engine.scheduler.running
-            ledgers["paged"].add(engine.block_manager.num_used_blocks * st.kv_bytes_per_block,
-                                 sum(s.num_computed_tokens for s in running) * bpt)
-            used = sum(s.num_computed_tokens for s in running) * bpt
             ledgers["reserve_max_tokens"].add(
-                sum(len(s.prompt_token_ids) + s.params.max_tokens for s in running) * bpt, used)
-            ledgers["reserve_max_model_len"].add(len(running) * engine.max_model_len * bpt, used)
+                sum(len(s.prompt_token_ids) + s.params.max_tokens for s in running) * bpt, st.kv_bytes_used)
+            ledgers["reserve_max_model_len"].add(len(running) * engine.max_model_len * bpt, st.kv_bytes_used)
     sync(engine.device)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     per_request = []
@@ -318,12 +314,11 @@ def main():
     for k in results:
         print(row(k))
 
-    waste_paged = ledgers["continuous"]["paged"].waste
     c, s = ledgers["continuous"], ledgers["static"]
+    waste_paged = c["stats"].waste
     print("\n| KV memory (reserved-weighted over steps) | waste |")
     print("|---|---:|")
-    print(f"| paged blocks of {args.block_size} (continuous), recomputed after each step | {waste_paged:.1%} |")
-    print(f"| paged blocks (continuous), as engine.stats reports it | {c['stats'].waste:.1%} |")
+    print(f"| paged blocks of {args.block_size} (continuous) | {waste_paged:.1%} |")
     print(f"| contiguous, batch x (longest prompt + max_tokens) (static, engine.stats) | {s['stats'].waste:.1%} |")
     print(f"| contiguous, each request reserves prompt + max_tokens (continuous schedule) "
           f"| {c['reserve_max_tokens'].waste:.1%} |")

@@ -1,21 +1,21 @@
-"""tinyinfer.workload.replay: requests join on time, every one finishes with its
-length, and the per-step KV numbers are consistent."""
+"""tinyinfer.replay: requests join on time, every one finishes with its
+length, and the per-step KV numbers are consistent. tinyinfer.workload: the
+arrivals and lengths that the fleet and the benchmark share."""
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from tinyinfer.fleet import SimRequest, make_workload
 from tinyinfer.scheduler import SchedulerStats
-from tinyinfer.workload import ReplayResult, RequestRecord, StepRecord, prompt_ids, replay
+from tinyinfer.metrics import RequestRecord
+from tinyinfer.replay import ReplayResult, StepRecord, prompt_ids, replay
 
 
 class FakeEngine:
     """One token per request per step, up to `slots` requests at a time; records
     when each request was added."""
-
-    scheduling = "static"
-    kv_bytes_per_token = 10
 
     def __init__(self, slots=2):
         self.slots, self.queue, self.running, self.added = slots, [], [], {}
@@ -48,13 +48,14 @@ def test_requests_join_no_earlier_than_they_arrive_and_all_finish():
     work = [SimRequest(i, t, 5, n) for i, (t, n) in enumerate([(0.0, 3), (0.0, 1), (0.05, 2), (0.12, 4)])]
     engine = FakeEngine()
     result = replay(engine, work)
-    assert sorted(r.request_id for r in result.requests) == ["r0", "r1", "r2", "r3"]
+    assert sorted(r.index for r in result.requests) == [0, 1, 2, 3]
     for rid, (added, arrival) in engine.added.items():
         assert added >= arrival  # open loop: never before its time
     for r in result.requests:
         assert r.arrival <= r.first_token <= r.finish
-    by_id = {r.request_id: r for r in result.requests}
-    assert by_id["r1"].first_token == by_id["r1"].finish  # one token: first is last
+    by_id = {r.index: r for r in result.requests}
+    assert by_id[1].first_token == by_id[1].finish  # one token: first is last
+    assert [len(by_id[i].chunk_times) for i in range(4)] == [3, 1, 2, 4]  # one chunk per token
     assert result.output_tokens == 10
     assert result.duration >= 0.12  # the last request cannot start before it arrives
     assert not engine.has_unfinished_requests()
@@ -68,7 +69,10 @@ def test_replay_refuses_a_busy_engine():
 
 
 def test_metrics_of_a_result():
-    reqs = [RequestRecord("a", 4, 10, 0.0, 0.5, 1.0), RequestRecord("b", 4, 30, 0.5, 1.0, 3.0)]
+    reqs = [RequestRecord(0, 4, 10, arrival_time=0.0, send_time=0.0, chunk_times=[0.5, 1.0], completion_tokens=10,
+                          status="ok"),
+            RequestRecord(1, 4, 30, arrival_time=0.5, send_time=0.5, chunk_times=[1.0, 3.0], completion_tokens=30,
+                          status="ok")]
     steps = [StepRecord(1.0, 0.1, 2, 0, 0, 2, 400, 100), StepRecord(2.0, 0.1, 1, 0, 0, 1, 200, 200)]
     res = ReplayResult(reqs, steps, duration=3.0)
     assert res.throughput == pytest.approx(40 / 3.0)
@@ -91,7 +95,8 @@ def test_real_engine_replay(scheduling):
                        enable_prefix_caching=False)
     work = make_workload(5, rate=50, prompt_len=(3, 20), output_len=(1, 6), seed=1)
     result = replay(engine, work)
-    assert sorted(r.output_len for r in result.requests) == sorted(r.output_len for r in work)
+    assert sorted(r.output_tokens for r in result.requests) == sorted(r.output_len for r in work)
+    assert all(len(r.chunk_times) == r.output_tokens for r in result.requests)  # the engine streams every token
     assert result.output_tokens == sum(r.output_len for r in work)
     assert max(s.num_running for s in result.steps) <= 3
     for s in result.steps:
@@ -99,3 +104,22 @@ def test_real_engine_replay(scheduling):
     if scheduling == "continuous":
         assert result.steps[-1].kv_bytes_reserved == 0  # every block came back
     assert not engine.has_unfinished_requests()
+
+
+def test_shared_length_distributions_take_a_function_and_check_what_it_returns():
+    from tinyinfer.workload import sample_lengths
+
+    rng = np.random.default_rng(0)
+    assert sample_lengths(lambda g, n: [7] * n, 3, rng) == [7, 7, 7]
+    for bad in (lambda g, n: [7] * (n - 1), lambda g, n: [0] * n):
+        with pytest.raises(ValueError, match="output_len"):
+            sample_lengths(bad, 3, rng, "output_len")
+
+
+def test_a_fleet_workload_and_a_benchmark_share_one_arrival_process():
+    from tinyinfer.workload import arrival_times
+
+    work = make_workload(50, rate=4.0, prompt_len=8, output_len=8, seed=5)  # fixed lengths draw nothing more
+    times = arrival_times(50, 4.0, "poisson", seed=np.random.default_rng(5))
+    assert [r.arrival_time for r in work] == pytest.approx(times.tolist())
+    assert times[0] == 0 and (np.diff(times) >= 0).all()

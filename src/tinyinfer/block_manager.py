@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .checks import check_int
+
 
 @dataclass
 class Block:
@@ -43,10 +45,8 @@ class NoFreeBlocksError(RuntimeError):
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        if not (isinstance(num_blocks, int) and num_blocks >= 1):
-            raise ValueError(f"num_blocks={num_blocks!r} is invalid: must be an integer >= 1")
-        if not (isinstance(block_size, int) and block_size >= 1):
-            raise ValueError(f"block_size={block_size!r} is invalid: must be an integer >= 1")
+        check_int("num_blocks", num_blocks, 1)
+        check_int("block_size", block_size, 1)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

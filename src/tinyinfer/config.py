@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .checks import check_choice, check_int, is_int, require
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -143,20 +145,18 @@ class EngineConfig:
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         for name in ("kv_cache_memory_bytes", "num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
-        _check_choice("dtype", self.dtype, ("auto", *DTYPE_NAMES))
+                check_int(name, getattr(self, name), 1)
+        check_choice("dtype", self.dtype, ("auto", *DTYPE_NAMES))
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device={self.device!r} is invalid: must be 'auto', 'cpu' or 'cuda[:N]'")
-        _check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
-        _check_choice("scheduling", self.scheduling, ("continuous", "static"))
+        check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+        check_choice("scheduling", self.scheduling, ("continuous", "static"))
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be True or False")
-        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
-            raise ValueError(f"seed={self.seed!r} is invalid: must be None or an integer")
+            require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
+        require(self.seed is None or is_int(self.seed), "seed", self.seed, "None or an integer")
         if self.quantization is not None or self.group_size != 128:
             from .quant import check_method  # names the field and its allowed values
 
@@ -203,13 +203,3 @@ def resolve_dtype(dtype: str, device):
     if dtype == "auto":  # fp32 on CPU (exact, widely fast), bf16 on GPU
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
-        raise ValueError(f"{name}={value!r} is invalid: must be an integer >= {low}")
-
-
-def _check_choice(name: str, value, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is invalid: must be one of {', '.join(map(repr, allowed))}")

@@ -20,8 +20,7 @@ from importlib import resources
 
 import torch
 
-from .kv_cache import KVCache
-from .model import AttentionMetadata
+from .forward import forward_hidden
 
 
 def eval_text() -> str:
@@ -35,16 +34,12 @@ def token_nlls(llm, ids: list[int], window: int = 1024, stride: int = 512) -> to
     """-log p(ids[t] | ids[:t]) for t = 1..len(ids)-1 (fp32), scored window by window."""
     if not (1 <= stride <= window):
         raise ValueError(f"stride={stride} must be in [1, window={window}]")
-    model, device = llm.model, llm.device
-    ids_t = torch.tensor(ids, device=device)
+    model = llm.model
+    ids_t = torch.tensor(ids, device=llm.device)
     nlls, scored_to = [], 1  # the first token has no context, so nothing predicts it
     for begin in range(0, len(ids) - 1, stride):
         end = min(begin + window, len(ids))
-        chunk = ids_t[begin:end][None]
-        positions = torch.arange(end - begin, device=device)[None]
-        # A fresh cache per window: each window is an independent prompt.
-        cache = KVCache(model.config, 1, end - begin, llm.dtype, device)
-        hidden = model(chunk, positions, cache, AttentionMetadata.uniform(positions, 0))[0]
+        hidden = forward_hidden(model, ids[begin:end])  # a fresh cache: each window is its own prompt
         # Score targets first..end-1, each predicted by the hidden state one position
         # earlier. A window's first token has no context inside it, so it is never
         # a target (only possible when stride == window, as in Hugging Face's recipe).

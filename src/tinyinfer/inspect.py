@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .kv_cache import KVCache
+from .forward import forward_hidden
 from .model import apply_rope
 
 
@@ -25,19 +25,9 @@ def token_ids(llm, text) -> list[int]:
     return llm.tokenizer.encode(text) if isinstance(text, str) else list(text)
 
 
-@torch.no_grad()  # not inference_mode: its tensors could not be fed back into a module later
-def _forward(llm, ids: list[int]) -> torch.Tensor:
-    """One prefill pass over a single sequence with a fresh cache; hidden states [T, C]."""
-    model, runner = llm.model, llm.runner
-    input_ids = torch.tensor([ids], device=runner.device)
-    positions = torch.arange(len(ids), device=runner.device)[None]
-    cache = KVCache(model.config, 1, len(ids), runner.dtype, runner.device)
-    return model(input_ids, positions, cache)[0]
-
-
 def hidden_states(llm, text) -> torch.Tensor:
     """The model's output for every position, [T, C]: what the LM head turns into logits."""
-    return _forward(llm, token_ids(llm, text))
+    return forward_hidden(llm.model, token_ids(llm, text))
 
 
 def layer_inputs(llm, text) -> list[torch.Tensor]:
@@ -54,7 +44,7 @@ def layer_inputs(llm, text) -> list[torch.Tensor]:
     hooks = [layer.register_forward_pre_hook(keep) for layer in stack.layers]
     hooks.append(stack.norm.register_forward_pre_hook(keep))
     try:
-        _forward(llm, token_ids(llm, text))
+        forward_hidden(llm.model, token_ids(llm, text))
     finally:
         for hook in hooks:  # never leave a hook behind: it would slow every later call
             hook.remove()
@@ -75,7 +65,7 @@ def attention_weights(llm, text, layer: int | None = None) -> torch.Tensor:
     hooks = [blocks[i].input_layernorm.register_forward_hook(
         lambda mod, args, out, i=i: seen.__setitem__(i, out[0].float())) for i in chosen]
     try:
-        _forward(llm, token_ids(llm, text))
+        forward_hidden(llm.model, token_ids(llm, text))
     finally:
         for hook in hooks:
             hook.remove()

@@ -22,6 +22,7 @@ import time
 import torch
 
 from .block_manager import BlockManager
+from .checks import check_context_window, check_prompt_ids
 from .config import EngineConfig, resolve_device, resolve_dtype
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
@@ -129,10 +130,7 @@ class LLMEngine:
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(p).__name__}")
         p.validate()  # fields may have been changed after construction
         text, ids = self._tokenize(prompt, where)
-        over = len(ids) + p.max_tokens - self.max_model_len
-        if over > 0:
-            raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {p.max_tokens} exceeds the "
-                             f"context window of {self.max_model_len} tokens by {over} tokens")
+        check_context_window(len(ids), p.max_tokens, self.max_model_len, where)
         rid = str(next(self._ids)) if request_id is None else str(request_id)
         if rid in self.requests:
             raise ValueError(f"request_id={rid!r} is already in use by an unfinished request")
@@ -146,13 +144,10 @@ class LLMEngine:
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            vocab = self.model_config.vocab_size
-            if any(not (isinstance(t, int) and 0 <= t < vocab) for t in ids):
-                raise ValueError(f"{where}.prompt_token_ids: every id must be an integer in [0, {vocab - 1}]")
+            where += ".prompt_token_ids"
         else:
             raise ValueError(f"{where}: expected a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError(f"{where}: the prompt is empty (0 tokens); give at least one token")
+        check_prompt_ids(ids, self.model_config.vocab_size, where)
         return text, ids
 
     # --- the step -----------------------------------------------------------------

@@ -13,11 +13,14 @@ the tail (p95, p99): users remember the slow replies, and averages hide them.
 
     outs = llm.generate(prompts, params)
     print(summarize(outs))
+
+A client outside the engine (tinyinfer bench, tinyinfer.replay) times each
+request itself, in a RequestRecord; LatencyStats pools either kind.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,27 +34,131 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(values, q)) if values else math.nan
 
 
+_UNITS = {"s": 1.0, "ms": 1e3}  # a latency in seconds times this is in the unit
+
+
 @dataclass(frozen=True)
 class LatencyStats:
-    """Mean and percentiles of one latency, in seconds."""
+    """Count, mean, median, standard deviation and percentiles of one latency.
+
+    The values are in `unit`: seconds for the engine's and the fleet simulator's
+    reports, milliseconds for `tinyinfer bench`, which prints what vLLM's `bench
+    serve` prints. The *_ms properties read milliseconds whatever the unit."""
 
     count: int
     mean: float
-    p50: float
-    p95: float
-    p99: float
+    median: float
+    std: float
+    percentiles: dict  # {95.0: value, ...}, one entry per percentile asked for
+    unit: str = "s"
 
     @classmethod
-    def of(cls, values) -> "LatencyStats":
-        values = [float(v) for v in values]
-        mean = float(np.mean(values)) if values else math.nan
-        return cls(len(values), mean, *(percentile(values, q) for q in PERCENTILES))
+    def of(cls, seconds, percentiles=PERCENTILES, unit: str = "s") -> "LatencyStats":
+        """The statistics of `seconds` (an iterable of latencies in seconds)."""
+        values = [float(v) * _UNITS[unit] for v in seconds]
+        mean, std = (float(np.mean(values)), float(np.std(values))) if values else (math.nan, math.nan)
+        return cls(len(values), mean, percentile(values, 50), std,
+                   {float(q): percentile(values, q) for q in percentiles}, unit)
+
+    def p(self, q: float) -> float:
+        """The q-th percentile, in this object's unit (one of those asked for)."""
+        return self.percentiles[float(q)]
+
+    p50 = property(lambda self: self.median)
+    p95 = property(lambda self: self.p(95))
+    p99 = property(lambda self: self.p(99))
+
+    def _to_ms(self, value: float) -> float:
+        return value * 1e3 / _UNITS[self.unit]
+
+    mean_ms = property(lambda self: self._to_ms(self.mean))
+    median_ms = property(lambda self: self._to_ms(self.median))
+    std_ms = property(lambda self: self._to_ms(self.std))
+    percentiles_ms = property(lambda self: {q: self._to_ms(v) for q, v in self.percentiles.items()})
+
+    def to_dict(self) -> dict:
+        """Flat and JSON-ready: count, mean, median, std, p50, p95, ..., unit."""
+        d = {"count": self.count, "mean": self.mean, "median": self.median, "std": self.std}
+        d.update({f"p{q:g}": v for q, v in self.percentiles.items()})
+        return {**d, "unit": self.unit}
 
     def __str__(self) -> str:
-        cells = ", ".join(f"{k}={_ms(getattr(self, k))} ms" for k in ("mean", "p50", "p95", "p99"))
-        return f"LatencyStats(n={self.count}, {cells})"
+        cells = [f"mean={_ms_text(self.mean_ms)} ms"]
+        cells += [f"p{q:g}={_ms_text(v)} ms" for q, v in self.percentiles_ms.items()]
+        return f"LatencyStats(n={self.count}, {', '.join(cells)})"
 
     __repr__ = __str__
+
+
+@dataclass
+class RequestRecord:
+    """One request as a client saw it: what was asked, when things happened
+    (seconds since the run started) and what came back.
+
+    `tinyinfer bench` fills one per HTTP request; tinyinfer.replay fills one per
+    request it adds to an engine, with one chunk per token. The definitions are
+    those of vLLM's `bench serve`, counted from the send (which is later than
+    the arrival when a concurrency cap held the request back):
+
+        ttft   first content chunk - send
+        e2el   last content chunk - send
+        tpot   (e2el - ttft) / (output_tokens - 1): per token after the first
+        itl    every gap between consecutive content chunks
+
+    TPOT and ITL differ when a server sends several tokens in one chunk: TPOT
+    divides by the token count the server reports (usage), ITL sees chunk gaps."""
+
+    index: int
+    prompt_len: int  # input tokens we meant to send (usage's prompt_tokens wins when present)
+    max_tokens: int
+    arrival_time: float = math.nan  # when the workload released it
+    send_time: float = math.nan  # when it went out (later than arrival if the concurrency cap held it)
+    chunk_times: list[float] = field(default_factory=list)  # one per content chunk
+    prompt_tokens: int | None = None  # from the server's usage report
+    completion_tokens: int | None = None
+    status: str = "pending"  # "ok", "failed" or "rejected" (HTTP 429: the server said "not now")
+    http_status: int | None = None
+    error: str = ""
+    retry_after: float | None = None  # seconds, from a 429's Retry-After header
+    text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def input_tokens(self) -> int:
+        return self.prompt_tokens if self.prompt_tokens is not None else self.prompt_len
+
+    @property
+    def output_tokens(self) -> int:
+        """Usage's completion_tokens; without usage, one token per content chunk."""
+        return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.send_time if self.ok else None
+
+    @property
+    def e2el(self) -> float | None:
+        return self.chunk_times[-1] - self.send_time if self.ok else None
+
+    @property
+    def tpot(self) -> float | None:
+        """None when there is no second token to time."""
+        if not self.ok or self.output_tokens <= 1:
+            return None
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
+
+    # What a timeline of requests draws (lab 7 plots replay's records by these names).
+    arrival = property(lambda self: self.arrival_time)
+    first_token = property(lambda self: self.chunk_times[0] if self.chunk_times else None)
+    finish = property(lambda self: self.chunk_times[-1] if self.chunk_times else None)
+    output_len = property(lambda self: self.output_tokens)
 
 
 @dataclass(frozen=True)
@@ -82,9 +189,7 @@ class BenchmarkMetrics:
             f"{'(ms)':<6}{'mean':>9}{'p50':>9}{'p95':>9}{'p99':>9}",
         ]
         for name in ("ttft", "tpot", "itl", "e2e"):
-            s = getattr(self, name)
-            cells = "".join(f"{_ms(getattr(s, k)):>9}" for k in ("mean", "p50", "p95", "p99"))
-            lines.append(f"{name.upper():<6}{cells}")
+            lines.append(f"{name.upper():<6}{latency_cells(getattr(self, name))}")
         return "\n".join(lines)
 
     __str__ = __repr__ = table
@@ -109,8 +214,14 @@ def summarize(outputs, duration: float | None = None) -> BenchmarkMetrics:
     )
 
 
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1e3:.1f}"
+def latency_cells(stats: LatencyStats, width: int = 9) -> str:
+    """Mean, p50, p95 and p99 in ms, right-aligned: one row of a latency table."""
+    values = (stats.mean, stats.p50, stats.p95, stats.p99)
+    return "".join(f"{_ms_text(stats._to_ms(v)):>{width}}" for v in values)
+
+
+def _ms_text(ms: float) -> str:
+    return "-" if math.isnan(ms) else f"{ms:.1f}"
 
 
 def json_safe(x):

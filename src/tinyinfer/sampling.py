@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .checks import is_int, is_number, require
 from .outputs import Logprob, PositionLogprobs
 
 _INF = float("inf")
@@ -43,30 +44,25 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", self.n, "an integer >= 1")
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
-        _check(_num(self.temperature) and self.temperature >= 0, "temperature", self.temperature, ">= 0 (0 means greedy)")
-        _check(_num(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
-        _check(isinstance(self.top_k, int) and self.top_k >= -1 and self.top_k != 0, "top_k", self.top_k, "-1 (off) or an integer >= 1")
-        _check(_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "> 0 (1 means off)")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "None or an integer")
+        def check(ok: bool, name: str, allowed: str) -> None:
+            require(ok, f"SamplingParams.{name}", getattr(self, name), allowed)
+
+        check(is_int(self.n) and self.n >= 1, "n", "an integer >= 1")
+        check(is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
+        check(is_number(self.temperature) and self.temperature >= 0, "temperature", ">= 0 (0 means greedy)")
+        check(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        check(is_int(self.top_k) and self.top_k >= -1 and self.top_k != 0, "top_k", "-1 (off) or an integer >= 1")
+        check(is_number(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+              "> 0 (1 means off)")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings")
+        check(self.seed is None or is_int(self.seed), "seed", "None or an integer")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and value >= 0), name, value, "None or an integer >= 0")
+            check(value is None or (is_int(value) and value >= 0), name, "None or an integer >= 0")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def _num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # excludes NaN
-
-
-def _check(ok: bool, field: str, value, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}")
 
 
 # --- logits processors: each takes and returns a 1-D row of logits ------------
@@ -256,15 +252,11 @@ def next_token_logits(llm, prompt) -> torch.Tensor:
     """The raw scores the model gives every vocabulary entry as the token after
     `prompt` (a string, or a list of token ids): one forward pass, no sampling.
     Returned as a 1-D fp32 tensor on the CPU, so it can be examined anywhere."""
-    from .kv_cache import KVCache  # here, not at the top: the sampler itself needs no model
+    from .forward import forward_hidden  # here, not at the top: the sampler itself needs no model
 
     ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    model = llm.model
-    input_ids = torch.tensor([ids], device=llm.device)
-    positions = torch.arange(len(ids), device=llm.device)[None]
-    cache = KVCache(model.config, 1, len(ids), llm.dtype, llm.device)  # a fresh cache for this one pass
-    hidden = model(input_ids, positions, cache)
-    return model.compute_logits(hidden[0, -1]).float().cpu()
+    hidden = forward_hidden(llm.model, ids)  # one prefill on a fresh cache
+    return llm.model.compute_logits(hidden[-1]).float().cpu()  # only the last position predicts the next
 
 
 def next_token_distribution(llm, prompt, params: SamplingParams, top: int = 10):

@@ -1,146 +1,99 @@
-"""Replay a workload through a real LLMEngine, as an open-loop client would.
+"""The workload: when requests arrive and how long they are.
 
-    from tinyinfer import LLMEngine
-    from tinyinfer.fleet import make_workload
-    from tinyinfer.workload import replay
+A serving measurement needs what real traffic has:
+- arrival times: users do not wait for each other, so requests arrive on their
+  own clock. A Poisson process (exponential gaps) is the standard model of many
+  independent users, and its bursts are what make queues form; fixed gaps (a
+  load generator ticking like a metronome) are easier to reason about.
+- prompt lengths: prefill cost grows with the input, so the mix matters.
+- output lengths: decode cost grows with the output, and a long reply holds a
+  batch slot and KV-cache space for many steps.
 
-    engine = LLMEngine(max_num_seqs=4, enable_prefix_caching=False)
-    run = replay(engine, make_workload(12, rate=6, prompt_len=(8, 64), output_len=(4, 20)))
-    print(run.throughput, run.latency(95))
-
-Each request of the workload (tinyinfer.fleet.SimRequest: arrival time, prompt
-and output lengths) is added to the engine when its arrival time comes, whatever
-the engine is doing: open loop, like independent users. A request that arrives
-during a step is added after that step, and the wait counts in its latency,
-because its arrival time is the scheduled one, not the moment we got to it.
-Prompts are random token ids (seeded), and every request runs greedy with
-ignore_eos for exactly output_len tokens, so every configuration does the same
-work.
-
-The result keeps one record per request (when it arrived, got its first token
-and finished) and one per engine step (what ran, what waited, and the KV cache
-reserved against the KV cache holding real tokens), enough to plot throughput,
-latency percentiles, a timeline of the batch and the memory it wasted.
+Both the load generator for real servers (tinyinfer.bench) and the fleet
+simulator (tinyinfer.fleet) draw their workloads with these functions, from
+seeded generators: the same seed gives the same workload, so two runs (or two
+servers, or a server and its simulation) can be compared fairly.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import numpy as np
 
-from .metrics import percentile
-from .sampling import SamplingParams
+ARRIVALS = ("poisson", "fixed")
 
 
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request, in seconds since the replay started."""
+def arrival_times(n: int, request_rate: float, arrival: str = "poisson", seed=0) -> np.ndarray:
+    """Arrival times in seconds after the start, the first at 0.
 
-    request_id: str
-    prompt_len: int
-    output_len: int
-    arrival: float
-    first_token: float
-    finish: float
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def e2e(self) -> float:
-        return self.finish - self.arrival
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One engine step: when it ended, how long it took, and the state after it."""
-
-    end: float  # seconds since the replay started
-    duration: float
-    num_running: int
-    num_waiting: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    kv_bytes_reserved: int  # cache set aside for the running requests
-    kv_bytes_used: int  # of it, bytes holding real tokens' keys and values
+    poisson: gaps drawn from an exponential with mean 1/rate, the arrivals of many
+             independent users (bursty: some gaps are much shorter than the mean);
+    fixed:   every gap is exactly 1/rate;
+    rate = inf: everything at t=0 (a burst; pair it with a concurrency cap).
+    `seed` is an int, or a numpy Generator to draw from (the fleet draws a whole
+    workload from one)."""
+    if not n >= 1:
+        raise ValueError(f"arrival_times: n={n} requests is invalid: must be >= 1")
+    if not request_rate > 0:  # also catches NaN
+        raise ValueError(f"request_rate must be > 0 requests/s (inf = all at once), got {request_rate}")
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival must be one of {ARRIVALS}, got {arrival!r}")
+    mean_gap = 1.0 / request_rate  # 0.0 when the rate is inf
+    if arrival == "poisson":  # exponential gaps <=> a Poisson process of the given rate
+        gaps = np.random.default_rng(seed).exponential(mean_gap, size=n)
+    else:
+        gaps = np.full(n, mean_gap)
+    # The process starts one gap before the first request; shift it to t = 0.
+    return np.cumsum(gaps) - gaps[0]
 
 
-@dataclass
-class ReplayResult:
-    requests: list[RequestRecord]
-    steps: list[StepRecord]
-    duration: float  # first arrival to last token, seconds
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(r.output_len for r in self.requests)
-
-    @property
-    def throughput(self) -> float:
-        """Output tokens per second over the whole run."""
-        return self.output_tokens / self.duration
-
-    def latency(self, q: float) -> float:
-        """The q-th percentile of end-to-end latency, in seconds."""
-        return percentile([r.e2e for r in self.requests], q)
-
-    def kv_waste(self) -> float:
-        """Share of the reserved KV bytes that held no token, over all steps."""
-        reserved = sum(s.kv_bytes_reserved for s in self.steps)
-        return 1 - sum(s.kv_bytes_used for s in self.steps) / reserved if reserved else 0.0
-
-
-def prompt_ids(prompt_len: int, vocab_size: int, seed: int) -> list[int]:
-    """A random prompt: different requests share no prefix, so the prefix cache
-    cannot skip any prefill and flatter one configuration over another."""
-    rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(100, vocab_size, size=prompt_len)]
-
-
-def replay(engine, workload, seed: int = 0) -> ReplayResult:
-    """Run `workload` (SimRequests sorted by arrival) through `engine` until all
-    requests finish. The engine must be idle when called."""
-    if engine.has_unfinished_requests():
-        raise ValueError("engine: has unfinished requests; replay needs an idle engine")
-    pending = sorted(workload, key=lambda r: r.arrival_time)
-    vocab = engine.model_config.vocab_size
-    start = time.perf_counter()
-    sizes, first, finish, steps = {}, {}, {}, []
-    i = 0
-    while i < len(pending) or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
-        if not engine.has_unfinished_requests() and pending[i].arrival_time > now:
-            time.sleep(pending[i].arrival_time - now)  # idle: wait for the next user
-            now = pending[i].arrival_time
-        while i < len(pending) and pending[i].arrival_time <= now:
-            r = pending[i]
-            params = SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
-            rid = engine.add_request({"prompt_token_ids": prompt_ids(r.prompt_len, vocab, seed * 100_003 + i)},
-                                     params, request_id=f"r{r.request_id}", arrival_time=start + r.arrival_time)
-            sizes[rid] = (r.prompt_len, r.output_len, r.arrival_time)
-            i += 1
-        outputs = engine.step()
-        end = time.perf_counter() - start
-        for out in outputs:
-            first.setdefault(out.request_id, end)
-            if out.finished:
-                finish[out.request_id] = end
-        steps.append(_step_record(engine, end))
-    requests = [RequestRecord(rid, p, n, arrival, first[rid], finish[rid])
-                for rid, (p, n, arrival) in sizes.items()]
-    t0 = min(r.arrival for r in requests)
-    return ReplayResult(requests, steps, max(r.finish for r in requests) - t0)
+def parse_length(spec, name: str = "length"):
+    """A length distribution from a number, a string, a sequence or a function:
+    128 or "128" -> fixed; "64:256" or (64, 256) -> uniform in [64, 256];
+    "32,64,128" or [32, 64, 128] -> drawn from the list (with replacement), so
+    [16] * 9 + [512] is a bimodal mix; f(rng, n) -> n lengths, for anything else
+    (a log-normal, a trace)."""
+    if callable(spec):
+        return spec
+    try:
+        if isinstance(spec, str):
+            if ":" in spec:
+                spec = tuple(int(x) for x in spec.split(":"))
+            elif "," in spec:
+                spec = [int(x) for x in spec.split(",") if x.strip()]
+            else:
+                spec = int(spec)
+    except ValueError:
+        raise ValueError(f"{name}: {spec!r} is not N, LO:HI or N1,N2,... (positive integers)") from None
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        spec = int(spec)
+        values = [spec]
+    elif isinstance(spec, tuple) and len(spec) == 2:
+        spec = values = (int(spec[0]), int(spec[1]))
+        if spec[0] > spec[1]:
+            raise ValueError(f"{name}: range {spec[0]}:{spec[1]} has LO > HI")
+    elif isinstance(spec, (list, tuple)) and len(spec) > 0:
+        spec = values = [int(v) for v in spec]
+    else:
+        raise ValueError(f"{name}: {spec!r} is not N, (LO, HI), a non-empty list of positive integers "
+                         "or a function f(rng, n)")
+    if min(values) < 1:
+        raise ValueError(f"{name}: lengths must be >= 1, got {spec!r}")
+    return spec  # int (fixed), tuple (uniform range), list (choices) or a function
 
 
-def _step_record(engine, end: float) -> StepRecord:
-    st = engine.stats
-    used = st.kv_bytes_used
-    if engine.scheduling == "continuous":
-        # Count the tokens in the cache *after* finished requests left, to match
-        # kv_bytes_reserved, which the engine refreshes after they free their blocks.
-        used = sum(s.num_computed_tokens for s in engine.scheduler.running) * engine.kv_bytes_per_token
-    return StepRecord(end, st.step_time_s, st.num_running, st.num_waiting, st.num_prefill_tokens,
-                      st.num_decode_tokens, st.kv_bytes_reserved, used)
+def sample_lengths(spec, n: int, rng: np.random.Generator, name: str = "length") -> list[int]:
+    """n lengths drawn from a distribution given as parse_length accepts."""
+    spec = parse_length(spec, name)
+    if isinstance(spec, int):
+        return [spec] * n
+    if isinstance(spec, tuple):  # uniform over the integers LO..HI, both included
+        return [int(x) for x in rng.integers(spec[0], spec[1] + 1, size=n)]
+    if isinstance(spec, list):
+        return [int(x) for x in rng.choice(spec, size=n)]
+    out = np.asarray(spec(rng, n)).astype(int)
+    if out.shape != (n,) or (out < 1).any():
+        raise ValueError(f"{name}: the function must return {n} lengths, each an integer >= 1")
+    return [int(x) for x in out]
 
+
+# Replaying a workload through a real engine lives in replay.py; lab 7 imports it from here.
+from .replay import ReplayResult, RequestRecord, StepRecord, prompt_ids, replay  # noqa: E402, F401

@@ -7,7 +7,8 @@
     print(res.table()); res.to_dict()
 
 One concept per file:
-    workload.py  what to send and when (lengths, synthetic prompts, arrivals)
+    prompts.py   what to send: synthetic prompts of chosen lengths (when to send,
+                 and the length distributions: tinyinfer.workload)
     client.py    one streaming request, timed chunk by chunk (SSE parsing)
     results.py   per-request records and the vLLM-style metrics over them
     runner.py    the open-loop driver: arrivals, concurrency cap, the sync wrapper
@@ -16,7 +17,8 @@ One concept per file:
 from .command import add_arguments, run
 from .results import BenchResult, Latency, RequestRecord, calculate_metrics, parse_goodput
 from .runner import benchmark, run_benchmark
-from .workload import arrival_times, make_requests, parse_length, sample_lengths, synthetic_prompt
+from ..workload import arrival_times, parse_length, sample_lengths
+from .prompts import make_requests, synthetic_prompt
 
 __all__ = ["run_benchmark", "benchmark", "BenchResult", "Latency", "RequestRecord", "calculate_metrics",
            "parse_goodput", "arrival_times", "make_requests", "parse_length", "sample_lengths",

@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from .results import RequestRecord
+from ..metrics import RequestRecord
 
 DONE = object()  # the end-of-stream marker `data: [DONE]`
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

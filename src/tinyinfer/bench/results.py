@@ -1,15 +1,7 @@
-"""What one request saw, and what a whole run adds up to.
-
-The definitions are those of vLLM's `vllm bench serve`, measured on the client,
-from the moment the request is sent (after any client-side concurrency wait):
-
-    TTFT   time to first token: first content chunk - send
-    E2EL   end-to-end latency:  last content chunk - send
-    TPOT   time per output token after the first: (E2EL - TTFT) / (output_tokens - 1)
-    ITL    inter-token latency: every gap between consecutive content chunks
-
-TPOT and ITL differ when a server sends several tokens in one chunk: TPOT
-divides by the token count the server reports (usage), ITL sees chunk gaps.
+"""What a whole benchmark run adds up to: counts, throughputs, latency
+statistics and goodput, from one metrics.RequestRecord per request (whose
+docstring gives vLLM's definitions of TTFT, TPOT, ITL and E2EL, measured on
+the client from the moment a request is sent).
 
 Goodput counts only the requests a user would call good: those that meet every
 latency target (SLO) given. Throughput can rise while goodput falls, when a
@@ -20,85 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..metrics import json_safe, percentile
+from ..metrics import LatencyStats, RequestRecord, json_safe
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
-
-
-@dataclass
-class RequestRecord:
-    """One request: what was asked, when things happened (seconds since the
-    benchmark started), what the server said."""
-
-    index: int
-    prompt_len: int  # input tokens we meant to send (usage's prompt_tokens wins when present)
-    max_tokens: int
-    arrival_time: float = math.nan  # when the workload released it
-    send_time: float = math.nan  # when it went out (later than arrival if the concurrency cap held it)
-    chunk_times: list[float] = field(default_factory=list)  # one per content chunk
-    prompt_tokens: int | None = None  # from the server's usage report
-    completion_tokens: int | None = None
-    status: str = "pending"  # "ok", "failed" or "rejected" (HTTP 429: the server said "not now")
-    http_status: int | None = None
-    error: str = ""
-    retry_after: float | None = None  # seconds, from a 429's Retry-After header
-    text: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def input_tokens(self) -> int:
-        return self.prompt_tokens if self.prompt_tokens is not None else self.prompt_len
-
-    @property
-    def output_tokens(self) -> int:
-        """Usage's completion_tokens; without usage, one token per content chunk."""
-        return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
-
-    @property
-    def ttft(self) -> float | None:
-        return self.chunk_times[0] - self.send_time if self.ok else None
-
-    @property
-    def e2el(self) -> float | None:
-        return self.chunk_times[-1] - self.send_time if self.ok else None
-
-    @property
-    def tpot(self) -> float | None:
-        """None when there is no second token to time."""
-        if not self.ok or self.output_tokens <= 1:
-            return None
-        return (self.e2el - self.ttft) / (self.output_tokens - 1)
-
-    @property
-    def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
-
-
-@dataclass(frozen=True)
-class Latency:
-    """Mean, median, standard deviation and chosen percentiles of one latency, in ms."""
-
-    count: int
-    mean_ms: float
-    median_ms: float
-    std_ms: float
-    percentiles_ms: dict  # {99.0: value, ...}
-
-    @classmethod
-    def of(cls, seconds, percentiles=(50, 95, 99)) -> "Latency":
-        ms = [s * 1e3 for s in seconds]
-        if not ms:
-            return cls(0, math.nan, math.nan, math.nan, {float(p): math.nan for p in percentiles})
-        return cls(len(ms), float(np.mean(ms)), percentile(ms, 50), float(np.std(ms)),
-                   {float(p): percentile(ms, p) for p in percentiles})
-
-    def p(self, q: float) -> float:
-        return self.percentiles_ms[float(q)]
 
 
 @dataclass
@@ -116,10 +32,10 @@ class BenchResult:
     output_throughput: float  # generated tokens / s
     total_token_throughput: float  # (input + output tokens) / s
     request_goodput: float | None  # good requests / s; None without SLOs
-    ttft: Latency
-    tpot: Latency
-    itl: Latency
-    e2el: Latency
+    ttft: LatencyStats  # in ms, as vLLM reports them
+    tpot: LatencyStats
+    itl: LatencyStats
+    e2el: LatencyStats
     percentiles: tuple = (50, 95, 99)
     goodput_slos_ms: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
@@ -208,10 +124,10 @@ def calculate_metrics(records, duration: float, percentiles=(50, 95, 99), goodpu
         output_throughput=total_out / duration,
         total_token_throughput=(total_in + total_out) / duration,
         request_goodput=sum(is_good(r, slos) for r in ok) / duration if slos else None,
-        ttft=Latency.of([r.ttft for r in ok], percentiles),
-        tpot=Latency.of([r.tpot for r in ok if r.tpot is not None], percentiles),
-        itl=Latency.of([g for r in ok for g in r.itl], percentiles),
-        e2el=Latency.of([r.e2el for r in ok], percentiles),
+        ttft=LatencyStats.of([r.ttft for r in ok], percentiles, unit="ms"),
+        tpot=LatencyStats.of([r.tpot for r in ok if r.tpot is not None], percentiles, unit="ms"),
+        itl=LatencyStats.of([g for r in ok for g in r.itl], percentiles, unit="ms"),
+        e2el=LatencyStats.of([r.e2el for r in ok], percentiles, unit="ms"),
         percentiles=tuple(percentiles),
         goodput_slos_ms=slos,
         config=dict(config or {}),
@@ -258,6 +174,8 @@ def _fmt(v) -> str:
         return "-" if math.isnan(v) else f"{v:.2f}"
     return str(v)
 
+
+Latency = LatencyStats  # the name this module gave its latency statistics before they joined metrics.py
 
 __all__ = ["RequestRecord", "Latency", "BenchResult", "calculate_metrics", "parse_goodput", "is_good",
            "format_table"]

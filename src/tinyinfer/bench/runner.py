@@ -18,9 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from tqdm import tqdm
 
+from ..metrics import RequestRecord
+from ..workload import arrival_times
 from .client import build_payload, endpoint_url, send_request
-from .results import BenchResult, RequestRecord, calculate_metrics, parse_goodput
-from .workload import arrival_times, load_tokenizer, make_requests
+from .prompts import load_tokenizer, make_requests
+from .results import BenchResult, calculate_metrics, parse_goodput
 
 
 async def benchmark(base_url: str, model: str, num_prompts: int = 64, request_rate: float = math.inf,
@@ -37,8 +39,8 @@ async def benchmark(base_url: str, model: str, num_prompts: int = 64, request_ra
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
     url = endpoint_url(base_url, endpoint_type)
     slos = parse_goodput(goodput)  # bad SLOs fail now, not after the run
-    arrivals = arrival_times(num_prompts, request_rate, arrival, seed)
     specs = make_requests(num_prompts, input_len, output_len, seed, load_tokenizer(tokenizer))
+    arrivals = arrival_times(num_prompts, request_rate, arrival, seed=[seed, 1])  # a stream of its own
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     records = [RequestRecord(i, s.prompt_len, s.max_tokens) for i, s in enumerate(specs)]
     # One pool of connections for the run, sized to the cap. pool=None: a request

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..hardware import best_time
-from ..kv_cache import KVCache
+from ..forward import forward_hidden, new_cache
 from ..model import AttentionMetadata
 from .cost import StepCostModel
 
@@ -55,23 +55,21 @@ def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
     """Measure prefill cost per token and decode step time vs batch size on the
     real model; return a fitted StepCostModel (and the raw points if asked)."""
     model = _find_model(llm_or_engine)
-    param = next(model.parameters())
-    device, dtype, config = param.device, param.dtype, model.config
-    vocab = config.vocab_size
+    device, vocab = next(model.parameters()).device, model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
     def prefill_time(T: int) -> float:
-        cache = KVCache(config, 1, T, dtype, device)
-        ids = torch.randint(0, vocab, (1, T), generator=gen).to(device)
-        pos = torch.arange(T, device=device)[None]
-        meta = AttentionMetadata.uniform(pos, 0)
+        cache = new_cache(model, T)  # made once, outside the timed call
+        ids = torch.randint(0, vocab, (T,), generator=gen).tolist()
         with torch.inference_mode():
-            return best_time(lambda: model.compute_logits(model(ids, pos, cache, meta)[:, -1]), device, repeats)
+            return best_time(lambda: model.compute_logits(forward_hidden(model, ids, 0, cache)[-1]), device, repeats)
 
     def decode_time(B: int) -> float:
-        # Every sequence sits at the same position `context`, as after equal prompts;
-        # the cache holds garbage there, which costs exactly what real keys cost.
-        cache = KVCache(config, B, context + 1, dtype, device)
+        # B sequences, one new token each: a batch, which forward.py's one-sequence
+        # helpers do not cover. Every sequence sits at the same position `context`,
+        # as after equal prompts; the cache holds zeros there, which cost exactly
+        # what real keys cost.
+        cache = new_cache(model, context + 1, batch_size=B)
         ids = torch.randint(0, vocab, (B, 1), generator=gen).to(device)
         pos = torch.full((B, 1), context, device=device)
         meta = AttentionMetadata.uniform(pos, context)

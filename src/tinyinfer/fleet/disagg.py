@@ -21,7 +21,7 @@ Failures and autoscaling are not modelled here (see simulator.py for those).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..metrics import LatencyStats
 from .cost import StepCostModel
@@ -84,7 +84,7 @@ class DisaggSimulator(FleetSimulator):
         self.enqueue(dst, s)
 
     def extra(self) -> dict:
-        return {"kv_transfer": asdict(LatencyStats.of(self.transfer_times)), "kv_bytes_sent": self.bytes_sent}
+        return {"kv_transfer": LatencyStats.of(self.transfer_times).to_dict(), "kv_bytes_sent": self.bytes_sent}
 
 
 def simulate_disaggregated(workload: list[SimRequest], prefill_replicas: int = 1, decode_replicas: int = 1,

@@ -1,8 +1,9 @@
 """One serving replica: a continuous-batching engine reduced to its timing.
 
 The real scheduler (tinyinfer.scheduler, like vLLM's) decides every step which
-sequences run; here we keep exactly those decisions and replace the forward pass
-by the StepCostModel's estimate of how long it takes. The rules, in order:
+sequences run. Here a simpler set of rules with the same budgets decides, and
+the StepCostModel's estimate of how long the step takes replaces the forward
+pass. The rules, in order:
 
   1. every running sequence that has finished its prompt decodes one token
      (running requests go first: starving them would stall replies mid-stream);
@@ -11,16 +12,20 @@ by the StepCostModel's estimate of how long it takes. The rules, in order:
   3. waiting requests are admitted first-come-first-served while there is
      budget, a free batch slot (max_num_seqs) and room in the KV cache.
 
-KV space is reserved for prompt + output when a request is admitted, so a
-running request can never run out of cache and nothing needs preempting. (vLLM
-allocates blocks lazily and preempts when it runs out; reserving up front is
-simpler and errs on the side of admitting fewer requests.)
+Where the real scheduler differs: it walks the running requests oldest first,
+giving each its decode token or its next prefill chunk, so an old prompt's
+chunk can come before a younger request's decode; here every decode goes first.
+And here KV space is reserved for prompt + output when a request is admitted, so a running request
+can never run out of cache and nothing needs preempting. (tinyinfer and vLLM
+allocate blocks as tokens arrive and preempt when they run out; reserving up
+front errs on the side of admitting fewer requests.)
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from ..checks import check_int, is_int, require
 from ..config import EngineConfig
 from .cost import StepCostModel
 from .workload import SimRequest
@@ -39,13 +44,10 @@ class ReplicaConfig:
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"ReplicaConfig.{name}={value!r} is invalid: must be an integer >= 1")
-        if self.max_queue_len is not None and not (isinstance(self.max_queue_len, int) and self.max_queue_len >= 0):
-            raise ValueError(f"ReplicaConfig.max_queue_len={self.max_queue_len!r} is invalid: must be None or an integer >= 0")
-        if not (isinstance(self.prefix_cache_slots, int) and self.prefix_cache_slots >= 0):
-            raise ValueError(f"ReplicaConfig.prefix_cache_slots={self.prefix_cache_slots!r} is invalid: must be an integer >= 0")
+            check_int(f"ReplicaConfig.{name}", getattr(self, name), 1)
+        q = self.max_queue_len
+        require(q is None or (is_int(q) and q >= 0), "ReplicaConfig.max_queue_len", q, "None or an integer >= 0")
+        check_int("ReplicaConfig.prefix_cache_slots", self.prefix_cache_slots, 0)
 
 
 @dataclass(eq=False)

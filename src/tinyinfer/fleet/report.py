@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..metrics import LatencyStats, _ms, json_safe
+from ..metrics import LatencyStats, json_safe, latency_cells
 from .replica import Replica, RequestState
 
 
@@ -73,6 +73,8 @@ class FleetReport:
         d = asdict(self)
         if not include_requests:
             d.pop("requests")
+        for name in ("ttft", "e2e", "tpot", "itl", "queue_wait"):
+            d[name] = getattr(self, name).to_dict()  # p95 as a key, not inside a dict keyed by 95.0
         d["request_throughput"] = self.request_throughput
         d["output_throughput"] = self.output_throughput
         return json_safe(d)
@@ -85,7 +87,7 @@ class FleetReport:
         ]
         for name in ("ttft", "tpot", "itl", "e2e", "queue_wait"):
             s = getattr(self, name)
-            lines.append(f"{name.upper().replace('QUEUE_WAIT', 'WAIT'):<6}" + "".join(f"{_ms(getattr(s, k)):>9}" for k in ("mean", "p50", "p95", "p99")))
+            lines.append(f"{name.upper().replace('QUEUE_WAIT', 'WAIT'):<6}" + latency_cells(s))
         lines.append("utilisation: " + ", ".join(f"#{r.replica_id} {r.utilization:.0%}" for r in self.replicas))
         return "\n".join(lines)
 

@@ -1,14 +1,13 @@
-"""The requests a fleet serves: when each arrives and how big it is.
+"""The requests a fleet serves: when each arrives, how big it is, and which
+shared prefix (a system prompt, a long document) it starts with.
 
-A serving benchmark is only as honest as its workload. Two numbers per request
-matter most for an inference server: the prompt length (work for prefill, which
-decides TTFT) and the output length (number of decode steps, which decides how
-long the request occupies a batch slot and KV-cache space).
-
-Arrivals are either a Poisson process (independent users: the gaps between
-requests are exponential, which produces the bursts that make queues form) or
-a fixed rate (a load generator ticking like a metronome). Everything is drawn
-from one seeded generator, so the same seed gives the same workload.
+Two numbers per request matter most for an inference server: the prompt length
+(work for prefill, which decides TTFT) and the output length (number of decode
+steps, which decides how long the request occupies a batch slot and KV-cache
+space). Arrival times and length distributions come from tinyinfer.workload,
+shared with the load generator for real servers; the shared prefixes, which a
+replica's prefix cache can skip, are the simulator's own. The whole workload is
+drawn from one seeded generator, so the same seed gives the same workload.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ARRIVALS = ("poisson", "fixed")
+from ..workload import arrival_times, sample_lengths
 
 
 @dataclass(frozen=True)
@@ -45,30 +44,6 @@ class SimRequest:
             raise ValueError(f"arrival_time={self.arrival_time} is invalid: must be >= 0")
 
 
-def _lengths(spec, n: int, rng: np.random.Generator, name: str) -> np.ndarray:
-    """Draw n lengths from a spec:
-      int            every request the same (deterministic service: handy for theory)
-      (lo, hi)       uniform integers in [lo, hi]
-      list of ints   sampled uniformly from the list (e.g. a bimodal mix [16]*9 + [512])
-      callable       f(rng, n) -> n lengths, for anything else (log-normal, a trace...)"""
-    if isinstance(spec, (int, np.integer)):
-        out = np.full(n, int(spec))
-    elif isinstance(spec, tuple) and len(spec) == 2:
-        lo, hi = spec
-        if not (1 <= lo <= hi):
-            raise ValueError(f"{name}={spec!r} is invalid: need 1 <= lo <= hi")
-        out = rng.integers(lo, hi + 1, size=n)
-    elif isinstance(spec, list) and spec:
-        out = rng.choice(np.asarray(spec), size=n)
-    elif callable(spec):
-        out = np.asarray(spec(rng, n)).astype(int)
-    else:
-        raise ValueError(f"{name}={spec!r} is invalid: expected an int, a (lo, hi) tuple, a list or a callable")
-    if out.shape != (n,) or (out < 1).any():
-        raise ValueError(f"{name}: every length must be an integer >= 1")
-    return out.astype(int)
-
-
 def make_workload(num_requests: int, rate: float, prompt_len=128, output_len=64,
                   arrival: str = "poisson", num_prefixes: int = 0, prefix_len: int = 0,
                   seed: int = 0) -> list[SimRequest]:
@@ -80,20 +55,14 @@ def make_workload(num_requests: int, rate: float, prompt_len=128, output_len=64,
     the request's own tokens, after the prefix."""
     if not (isinstance(num_requests, int) and num_requests >= 1):
         raise ValueError(f"num_requests={num_requests!r} is invalid: must be an integer >= 1")
-    if not rate > 0:
+    if not rate > 0:  # checked here too, so the error names this function's argument
         raise ValueError(f"rate={rate!r} is invalid: must be > 0 requests/s")
-    if arrival not in ARRIVALS:
-        raise ValueError(f"arrival={arrival!r} is invalid: must be one of {ARRIVALS}")
     if num_prefixes < 0 or prefix_len < 0:
         raise ValueError("num_prefixes and prefix_len must be >= 0")
-    rng = np.random.default_rng(seed)
-    if arrival == "poisson":  # exponential gaps <=> a Poisson process of the given rate
-        gaps = rng.exponential(1.0 / rate, size=num_requests)
-    else:
-        gaps = np.full(num_requests, 1.0 / rate)
-    times = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
-    prompts = _lengths(prompt_len, num_requests, rng, "prompt_len")
-    outputs = _lengths(output_len, num_requests, rng, "output_len")
+    rng = np.random.default_rng(seed)  # one stream, drawn in this order: arrivals, lengths, prefixes
+    times = arrival_times(num_requests, rate, arrival, rng)
+    prompts = sample_lengths(prompt_len, num_requests, rng, "prompt_len")
+    outputs = sample_lengths(output_len, num_requests, rng, "output_len")
     prefixes = rng.integers(0, num_prefixes, size=num_requests) if num_prefixes else [None] * num_requests
     reqs = []
     for i in range(num_requests):

@@ -4,7 +4,6 @@ exactly the target's.
 
   verify.py   accept_draft_tokens: the accept/reject rule, a pure function
   drafts.py   NgramDraft (prompt lookup) and LayerDraft (the target's first layers)
-  forward.py  one pass over several tokens after a cached prefix
   decoder.py  SpeculativeDecoder: the draft / verify / accept loop, with stats
 """
 from .decoder import SpecDecodeStats, SpeculativeDecoder

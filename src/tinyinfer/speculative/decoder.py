@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import check_choice, check_context_window, check_prompt_ids, is_int, require
+from ..forward import forward_tokens, new_cache
 from ..kv_cache import KVCache
 from ..sampling import Sampler, SamplingParams, make_generator
 from ..sequence import Sequence
 from .drafts import LayerDraft, NgramDraft
-from .forward import forward_tokens
 from .verify import accept_draft_tokens
 
 DRAFTS = ("ngram", "layers", "none")  # "none": plain decoding through the same loop, the baseline
@@ -70,19 +71,18 @@ class SpeculativeDecoder:
                  draft_layers: int | None = None, prompt_lookup_max: int = 3, prompt_lookup_min: int = 1):
         self.model, self.tokenizer, self.eos_token_ids, self.max_model_len = _unwrap(llm_or_model)
         num_layers = self.model.config.num_hidden_layers
-        if draft not in DRAFTS:
-            raise ValueError(f"draft={draft!r} is invalid: must be one of {', '.join(map(repr, DRAFTS))}")
-        _require(_is_int(num_speculative_tokens) and 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
-                 "num_speculative_tokens", num_speculative_tokens, f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
+        check_choice("draft", draft, DRAFTS)
+        require(is_int(num_speculative_tokens) and 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+                "num_speculative_tokens", num_speculative_tokens, f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
         if draft == "layers":
             draft_layers = num_layers - num_layers // 4 if draft_layers is None else draft_layers
-            _require(_is_int(draft_layers) and 1 <= draft_layers <= num_layers, "draft_layers", draft_layers,
-                     f"an integer in [1, {num_layers}] (the target has {num_layers} layers)")
+            require(is_int(draft_layers) and 1 <= draft_layers <= num_layers, "draft_layers", draft_layers,
+                    f"an integer in [1, {num_layers}] (the target has {num_layers} layers)")
         if draft == "ngram":
-            _require(_is_int(prompt_lookup_min) and prompt_lookup_min >= 1, "prompt_lookup_min",
-                     prompt_lookup_min, "an integer >= 1")
-            _require(_is_int(prompt_lookup_max) and prompt_lookup_max >= prompt_lookup_min, "prompt_lookup_max",
-                     prompt_lookup_max, f"an integer >= prompt_lookup_min ({prompt_lookup_min})")
+            require(is_int(prompt_lookup_min) and prompt_lookup_min >= 1, "prompt_lookup_min",
+                    prompt_lookup_min, "an integer >= 1")
+            require(is_int(prompt_lookup_max) and prompt_lookup_max >= prompt_lookup_min, "prompt_lookup_max",
+                    prompt_lookup_max, f"an integer >= prompt_lookup_min ({prompt_lookup_min})")
         self.draft_name = draft
         self.num_speculative_tokens = num_speculative_tokens
         self.draft_layers = draft_layers if draft == "layers" else None
@@ -104,7 +104,7 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         # Drafts are capped so nothing is written past the last position a reply can reach.
         capacity = len(prompt) + params.max_tokens
-        cache = KVCache(self.model.config, 1, capacity, self.model.lm_head.weight.dtype, device)
+        cache = new_cache(self.model, capacity)
         if self.draft is not None:
             self.draft.start(capacity)
         # Prefill: the first token is sampled from the target as usual.
@@ -163,19 +163,12 @@ class SpeculativeDecoder:
             if getattr(params, name) is not None:
                 raise ValueError(f"SamplingParams.{name}={getattr(params, name)!r} is not supported by "
                                  "SpeculativeDecoder: must be None")
-        vocab = self.model.config.vocab_size
         if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__iter__"):
             raise ValueError(f"prompt_token_ids: expected a list of token ids, got {type(prompt_token_ids).__name__}")
         ids = list(prompt_token_ids)
-        if not ids:
-            raise ValueError("prompt_token_ids: the prompt is empty; give at least one token")
-        if any(not _is_int(t) or not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt_token_ids: every id must be an integer in [0, {vocab - 1}]")
-        over = len(ids) + params.max_tokens - self.max_model_len
-        if over > 0:
-            raise ValueError(f"prompt_token_ids: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceeds "
-                             f"the context window of {self.max_model_len} tokens by {over}")
-        return [int(t) for t in ids]
+        check_prompt_ids(ids, self.model.config.vocab_size, "prompt_token_ids")  # the engine's checks
+        check_context_window(len(ids), params.max_tokens, self.max_model_len, "prompt_token_ids")
+        return ids
 
 
 def _unwrap(obj):
@@ -192,12 +185,3 @@ def _unwrap(obj):
         eos.add(tokenizer.eos_token_id)
     max_len = getattr(obj, "max_model_len", None) or model.config.max_position_embeddings
     return model, tokenizer, sorted(eos), max_len
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _require(ok: bool, field: str, value, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{field}={value!r} is invalid: must be {allowed}")

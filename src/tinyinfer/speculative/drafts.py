@@ -10,13 +10,11 @@ simply checks fewer.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
+from ..forward import forward_tokens, new_cache
 from ..kv_cache import KVCache
 from ..sampling import SamplingParams, processed_probs, seen_token_ids
-from .forward import forward_tokens
 
 
 class NgramDraft:
@@ -60,15 +58,12 @@ class LayerDraft:
     def __init__(self, model, num_layers: int):
         self.model = model
         self.num_layers = num_layers
-        # The cache of a model with num_layers layers: the same per-layer shape.
-        self.config = dataclasses.replace(model.config, num_hidden_layers=num_layers)
         self.cache: KVCache | None = None
         self.cached: list[int] = []  # tokens whose keys/values sit in cache columns 0, 1, ...
         self.num_forward_passes = 0
 
     def start(self, capacity: int) -> None:
-        weight = self.model.lm_head.weight
-        self.cache = KVCache(self.config, 1, capacity, weight.dtype, weight.device)
+        self.cache = new_cache(self.model, capacity, num_layers=self.num_layers)  # its layers only
         self.cached = []
         self.num_forward_passes = 0
 
