@@ -6,6 +6,9 @@ new check as soon as it has a wrong implementation in WRONG below).
 """
 import ast
 import importlib.util
+import inspect
+import linecache
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,11 +42,15 @@ def _exercises():
     return found
 
 
-def _run_pair(exercise_src: str, check_src: str):
+def _run_pair(exercise_src: str, check_src: str, cell_file: str = "<exercise>"):
     """Exec an exercise cell, then its check cell, in a fresh namespace; return
-    the check's value: the last statement's value, or what it assigned."""
+    the check's value: the last statement's value, or what it assigned.
+    With a cell_file, the exercise runs as IPython runs a cell: its source is in
+    linecache under that (nonexistent) file name, so a check can keep it."""
     namespace = {"labcheck": labcheck}
-    exec(compile(exercise_src, "<exercise>", "exec"), namespace)
+    if cell_file != "<exercise>":
+        linecache.cache[cell_file] = (len(exercise_src), None, exercise_src.splitlines(True), cell_file)
+    exec(compile(exercise_src, cell_file, "exec"), namespace)
     tree = ast.parse(check_src)
     *body, last = tree.body
     exec(compile(ast.Module(body=body, type_ignores=[]), "<check>", "exec"), namespace)
@@ -104,12 +111,20 @@ def test_malformed_exercise_cells_are_refused(bad):
 
 
 @pytest.mark.parametrize("path, n", _exercises())
-def test_check_passes_on_solution_and_fails_on_stub(path, n, capsys):
+def test_check_passes_on_solution_and_fails_on_stub(path, n, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYINFER_MY_ENGINE", str(tmp_path))
     solution = nbformat.read(path, as_version=4)
     lab = make_labs.make_lab(solution, path.name)
     i, j = make_labs.exercise_pairs(solution, path.name)[n]
-    assert _run_pair(solution.cells[i].source, solution.cells[j].source) is True
+    cell_file = f"/nonexistent/ipykernel/{path.stem}-{n}.py"
+    assert _run_pair(solution.cells[i].source, solution.cells[j].source, cell_file) is True
     assert "✓" in capsys.readouterr().out
+    # A check that keeps the piece for later labs keeps the learner's cell, not its own wrapper.
+    check = getattr(labcheck, re.search(r"labcheck\.(check_\w+)\(", solution.cells[j].source).group(1))
+    if "keep=" in inspect.getsource(check) or "_keep(" in inspect.getsource(check):
+        kept = list(tmp_path.glob("*.py"))
+        assert len(kept) == 1, f"{check.__name__} passed but kept {kept}"
+        assert solution.cells[i].source.strip() in kept[0].read_text(), kept[0].read_text()[:500]
     i, j = make_labs.exercise_pairs(lab, path.name)[n]  # the lab has other cells around them
     assert _run_pair(lab.cells[i].source, lab.cells[j].source) is False
     assert "✗" in capsys.readouterr().out
