@@ -75,11 +75,11 @@ def lab8_cells() -> list[str]:
     up to the section on simulated fleets."""
     nb = json.loads((ROOT / "solutions" / "08-fleets.ipynb").read_text())
     cells = []
-    for cell in nb["cells"][2:]:
+    for cell in nb["cells"]:
         src = "".join(cell["source"])
         if cell["cell_type"] == "markdown" and src.startswith("## 6."):
             break
-        if cell["cell_type"] == "code":
+        if cell["cell_type"] == "code" and '"google.colab" in sys.modules' not in src:
             cells.append(src)
     return cells
 
