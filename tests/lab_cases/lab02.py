@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from tinyinfer import labcheck
 from tinyinfer.config import ModelConfig
 from tinyinfer.kv_cache import KVCache
-from tinyinfer.model import AttentionMetadata, apply_rope, rope_tables
+from tinyinfer.labcheck.attention import _engine_rope  # the engine's tables and rotation, as a learner might call them
+from tinyinfer.model import AttentionMetadata, apply_rope
 
 
 def _angles(positions, d, theta, exponent=2.0):
@@ -42,16 +43,6 @@ def _rope_interleaved(x, positions, theta):
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.stack([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], dim=-1)
     return out.flatten(-2)
-
-
-def _engine_rope(x, positions, theta):
-    # The engine's own tables and rotation, called the way a learner might.
-    d = x.shape[-1]
-    config = ModelConfig(vocab_size=1, hidden_size=d, intermediate_size=1, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=d,
-                         max_position_embeddings=int(positions.max()) + 1, rope_theta=theta)
-    cos, sin = rope_tables(config)
-    return apply_rope(x, cos[positions], sin[positions])
 
 
 def _attention(q, k, v, *, causal=True, scale=True, grouping="interleave", softmax_dim=-1, hide_self=False,

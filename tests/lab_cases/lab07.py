@@ -172,6 +172,7 @@ import hashlib  # noqa: E402
 
 from tinyinfer.block_manager import BlockManager  # noqa: E402
 from tinyinfer.labcheck import Step  # noqa: E402
+from tinyinfer.labcheck.batching import _EngineAllocator  # noqa: E402  (BlockManager behind the lab's interface)
 from tinyinfer.sampling import SamplingParams  # noqa: E402
 from tinyinfer.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from tinyinfer.sequence import Sequence  # noqa: E402
@@ -368,30 +369,6 @@ REFERENCE.update({
     "check_prefix_hashes": lambda: _sha256_prefix_hashes,
     "check_run_engine": lambda: make_run_engine(),
 })
-class _EngineAllocator:
-    """tinyinfer's BlockManager behind the lab's interface: the course's answer."""
-
-    def __init__(self, num_blocks, block_size):
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.block_size, self.block_tables, self.num_tokens = block_size, self.bm.block_tables, self.bm.num_slots
-
-    ref_count = property(lambda self: [b.ref_count for b in self.bm.blocks])
-    free_blocks = property(lambda self: list(self.bm.free_block_ids))
-
-    def allocate(self, seq_id, num_tokens):
-        self.bm.allocate(seq_id, [], num_tokens)
-
-    def append(self, seq_id):
-        copies = self.bm.append_slots(seq_id, self.bm.num_slots[seq_id] + 1)
-        return copies[0] if copies else None
-
-    def fork(self, parent_id, child_id):
-        self.bm.fork(parent_id, child_id)
-
-    def free(self, seq_id):
-        self.bm.free(seq_id)
-
-
 ANSWERS = {
     "check_block_allocator": [labcheck.ReferenceBlockAllocator, _EngineAllocator],
     "check_schedule": [labcheck.reference_schedule, _engine_schedule],

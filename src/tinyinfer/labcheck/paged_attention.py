@@ -10,10 +10,9 @@ blocks scattered through the pool): the outputs, and the pool afterwards.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .attention import reference_causal_gqa_attention
 from .core import Case, _report
 
 
@@ -31,18 +30,6 @@ def reference_paged_attention(q, k, v, k_pool, v_pool, batch, block_size, attent
         out.append(attention(queries, keys, values)[0].transpose(0, 1))  # [num_new, H, D]
         start += num_new
     return torch.cat(out)
-
-
-def _attention(q, k, v):
-    """Plain attention for the check (queries are the last Tq of Tk positions),
-    handed to the learner's function in place of theirs: a lab-2 mistake must
-    not fail lab 11."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    Tq, Tk = q.shape[2], k.shape[2]
-    future = torch.ones(Tq, Tk, dtype=torch.bool).triu(Tk - Tq + 1)
-    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v
 
 
 # (num_new, context_len) per sequence, block size, blocks in the pool, what the case is for
@@ -126,8 +113,9 @@ def check_paged_attention(paged_attention) -> bool:
 
     def run(q, k, v, k_pool, v_pool, batch, block_size):
         k_pool, v_pool = k_pool.clone(), v_pool.clone()  # the case's own copies stay untouched
+        # The course's attention, not the learner's lab-2 one: a lab-2 mistake must not fail lab 11.
         out = paged_attention(q.clone(), k.clone(), v.clone(), k_pool, v_pool,
-                              [(n, c, list(t)) for n, c, t in batch], block_size, _attention)
+                              [(n, c, list(t)) for n, c, t in batch], block_size, reference_causal_gqa_attention)
         return _Result(out, k_pool, v_pool)
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
