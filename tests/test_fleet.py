@@ -295,3 +295,33 @@ def test_calibrate_fits_the_real_model(llm):
     T, t = m["prefill"][-1]
     assert 0.5 < cost.step_time(prefill_tokens=T) / t < 2
     assert math.isfinite(simulate(make_workload(20, rate=1.0), 1, cost).e2e.p95)
+
+
+def test_fit_steps_recovers_a_plane_and_clips_noise_below_zero():
+    from tinyinfer.fleet import fit_steps
+
+    true = StepCostModel(prefill_s_per_token=0.5e-3, decode_base_s=0.02, decode_s_per_seq=2e-3)
+    shapes = [(16, 0), (64, 0), (128, 0), (0, 1), (0, 2), (0, 8), (64, 1), (64, 8)]
+    fit = fit_steps((p, d, true.step_time(prefill_tokens=p, decode_seqs=d)) for p, d in shapes)
+    for name in ("prefill_s_per_token", "decode_base_s", "decode_s_per_seq"):
+        assert getattr(fit, name) == pytest.approx(getattr(true, name), rel=1e-9)
+    # decode steps that get cheaper with batch (pure noise) give a slope of 0, not a negative one
+    flat = fit_steps([(0, 1, 0.03), (0, 4, 0.029), (0, 8, 0.028), (64, 0, 0.06)])
+    assert flat.decode_s_per_seq == 0.0
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_steps([(0, 1, 0.03)])
+
+
+@pytest.mark.slow
+def test_calibrate_steps_times_every_kind_of_step(llm):
+    from tinyinfer.fleet import calibrate_steps
+
+    engine = llm.llm_engine
+    cost, m = calibrate_steps(engine, prompt_lens=(16, 48), batch_sizes=(1, 3), repeats=2, return_measurements=True)
+    assert {(p, d) for p, d, _ in m["steps"]} == {(16, 0), (48, 0), (0, 1), (0, 3), (48, 1), (48, 3)}
+    kinds = {(p > 0, d > 0) for p, d, _ in m["steps"]}
+    assert kinds == {(True, False), (False, True), (True, True)}  # prompts, decodes, and both at once
+    assert (0, 3) in {(p, d) for p, d, _ in m["steps"]}
+    assert not engine.has_unfinished_requests()
+    for p, d, t in m["steps"]:  # the plane reproduces its own points within a factor of two
+        assert 0.5 < cost.step_time(prefill_tokens=p, decode_seqs=d) / t < 2

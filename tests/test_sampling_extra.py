@@ -154,3 +154,40 @@ def test_checks_accept_other_correct_implementations(check, fn, capsys):
     from tinyinfer import labcheck
 
     assert getattr(labcheck, check)(fn) is True, capsys.readouterr().out
+
+
+# --- draw(): one index from a row of weights, by inverting the running sum -----------
+
+def test_draw_follows_the_weights_and_never_picks_a_zero():
+    from tinyinfer.sampling import draw
+
+    weights = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.5, 0.0])  # unnormalised, zeros at both ends
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    counts = torch.bincount(torch.tensor([draw(weights, g) for _ in range(n)]), minlength=6).double()
+    assert counts[weights == 0].sum() == 0
+    p = weights[weights > 0].double() / weights.sum()
+    expected = p * n
+    chi2 = float(((counts[weights > 0] - expected) ** 2 / expected).sum())
+    assert chi2 < 13.8, (counts, chi2)  # 99.9% quantile, 2 degrees of freedom
+
+
+def test_draw_is_reproducible_per_generator_and_leaves_the_global_stream_alone():
+    from tinyinfer.sampling import draw
+
+    weights = torch.rand(1000)
+    first = [draw(weights, torch.Generator().manual_seed(7)) for _ in range(3)]
+    assert len(set(first)) == 1
+    torch.manual_seed(1)
+    before = torch.rand(1)
+    torch.manual_seed(1)
+    draw(weights, torch.Generator().manual_seed(7))
+    assert torch.equal(torch.rand(1), before)
+
+
+def test_draw_at_the_very_top_of_the_range_picks_the_last_weighted_entry(monkeypatch):
+    from tinyinfer import sampling
+
+    # u == total can happen only by rounding (about 1 in 2**53); force it.
+    monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))
+    assert sampling.draw(torch.tensor([0.2, 0.5, 0.0, 0.0])) == 1

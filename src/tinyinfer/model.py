@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_linear
 from .config import ModelConfig
 from .kv_cache import KVCache
 
@@ -41,19 +42,15 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear with one CPU special case: a single row in bf16/fp16.
-
-    Decoding one sequence multiplies every weight matrix by one vector (a GEMV).
-    PyTorch's general half-precision matmul on CPU is tiled for many rows and
-    reads weights at well under half the speed of its matrix-vector kernel
-    (`torch.mv`), which gives the same result (benchmarks/decode.py shows the
-    effect; chapter 4 explains why batch-1 decode is all about reading weights).
-    In fp32 both kernels run alike, so fp32 keeps the ordinary path."""
+    """nn.Linear, except on a CPU: there the weight is packed once for oneDNN's
+    fast kernels and every call reads the packed copy (cpu_linear.py explains
+    why, and measures it). Same product, same dtype, read faster."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu"
-                and self.bias is None and x.numel() == x.shape[-1]):
-            return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)
+        if cpu_linear.use_packed(x, self.weight, self.bias):
+            if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
+                return torch.ops.tinyinfer.linear(x, self.weight)
+            return cpu_linear.linear_packed(x, self.weight)  # eager: skip the operator's dispatch
         return super().forward(x)
 
 

@@ -189,6 +189,12 @@ def _engine_sample(logits, t, generator):
     return sampling.sample(logits, sampling.SamplingParams(temperature=t), generator)
 
 
+def _engine_draw(logits, t, generator):  # writes the greedy branch, borrows the engine's draw
+    if t == 0:
+        return int(torch.argmax(logits))
+    return sampling.draw(torch.softmax(logits / t, -1), generator)
+
+
 def _engine_top_p(logits, p):
     return sampling.process_logits(logits, sampling.SamplingParams(temperature=1.0, top_p=p))
 
@@ -205,5 +211,5 @@ ANSWERS = {
     "check_top_k": [sampling.apply_top_k],
     "check_top_p": [sampling.apply_top_p, _engine_top_p],
     "check_repetition_penalty": [sampling.apply_repetition_penalty],
-    "check_sample": [labcheck.reference_sample, _engine_sample],
+    "check_sample": [labcheck.reference_sample, _engine_sample, _engine_draw],
 }

@@ -10,7 +10,7 @@ times come from a cost model fitted to the real engine (`calibrate`).
     wl = make_workload(500, rate=2.0, prompt_len=(32, 512), output_len=(16, 256), seed=0)
     print(simulate(wl, replicas=4, policy="least_outstanding"))
 """
-from .calibrate import calibrate, calibrate_steps
+from .calibrate import calibrate, calibrate_steps, fit_steps
 from .cost import StepCostModel
 from .disagg import KVLink, compare_disaggregation, simulate_disaggregated
 from .replica import ReplicaConfig
@@ -21,7 +21,7 @@ from .workload import SimRequest, make_workload, workload_from
 
 __all__ = [
     "SimRequest", "make_workload", "workload_from",
-    "StepCostModel", "calibrate", "calibrate_steps",
+    "StepCostModel", "calibrate", "calibrate_steps", "fit_steps",
     "ReplicaConfig", "POLICIES", "make_policy",
     "Failure", "Autoscale", "simulate",
     "KVLink", "simulate_disaggregated", "compare_disaggregation",

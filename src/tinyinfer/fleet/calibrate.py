@@ -81,12 +81,23 @@ def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
     return _fit_cost(prefill, decode, return_measurements)
 
 
-def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8), context: int = 64,
+def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8), context: int = 64,
                     repeats: int = 3, return_measurements: bool = False):
     """Like calibrate(), but times whole LLMEngine.step() calls, so the fit also
     covers what a real step pays besides the forward pass: scheduling, building
     the paged-attention metadata, sampling and detokenising. Use it when the
     simulator is compared with the real server (benchmarks/fleet_vs_server.py).
+
+    It times the three kinds of step a server runs: a prompt alone (each of
+    prompt_lens), decodes alone (each of batch_sizes), and a prompt arriving
+    while sequences decode (the middle prompt length beside 1 sequence and
+    beside as many as the batch has room for). Each point is the median of `repeats` steps, a typical step rather
+    than the luckiest, and one least-squares plane goes through all of them
+    (fit_steps), as through the steps a server reports. Step costs are not
+    quite linear: on a CPU the matrix products of a batch of 2 take much longer
+    than those of one sequence (a third longer in fp32 on the course's machine,
+    benchmarks/linear.py --batches 1,2), and then grow slowly, so batch 1 is
+    cheaper than the plane says and batch 2 dearer; the plane splits the difference.
 
     The engine must be idle; it is left idle."""
     from ..sampling import SamplingParams
@@ -99,31 +110,67 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8), co
     def prompt(n):
         return {"prompt_token_ids": torch.randint(0, vocab, (n,), generator=gen).tolist()}
 
-    def prefill_time(T: int) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            engine.add_request(prompt(T), SamplingParams(max_tokens=1, ignore_eos=True))
-            t = time.perf_counter()
-            engine.step()  # the whole prompt in one step (T <= the token budget)
-            best = min(best, time.perf_counter() - t)
-            while engine.has_unfinished_requests():
-                engine.step()
-        return best
-
-    def decode_time(B: int) -> float:
+    def start_decoding(B: int) -> None:
+        """B sequences of `context` prompt tokens, stepped until all of them decode together."""
         for _ in range(B):
-            engine.add_request(prompt(context), SamplingParams(max_tokens=repeats + 2, ignore_eos=True))
+            engine.add_request(prompt(context), SamplingParams(max_tokens=repeats + 3, ignore_eos=True))
         engine.step()
-        while engine.stats.num_decode_tokens < B:  # until every prompt is in and all decode together
+        while engine.stats.num_decode_tokens < B:
             engine.step()
-        best = float("inf")
-        while engine.has_unfinished_requests():
-            t = time.perf_counter()
-            engine.step()
-            if engine.stats.num_decode_tokens == B:
-                best = min(best, time.perf_counter() - t)
-        return best
 
-    prefill = [(T, prefill_time(T)) for T in prompt_lens]
-    decode = [(B, decode_time(B)) for B in batch_sizes]
-    return _fit_cost(prefill, decode, return_measurements)
+    def timed_step() -> tuple[int, int, float]:
+        t = time.perf_counter()
+        engine.step()
+        return engine.stats.num_prefill_tokens, engine.stats.num_decode_tokens, time.perf_counter() - t
+
+    def finish() -> None:
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    def median_point(points: list[tuple[int, int, float]]) -> tuple[int, int, float]:
+        return points[0][0], points[0][1], float(np.median([s for _, _, s in points]))
+
+    def prefill(T: int, B: int = 0) -> tuple[int, int, float]:
+        """A prompt of T tokens in one step (T <= the token budget), beside B decodes."""
+        points = []
+        for _ in range(repeats):
+            if B:
+                start_decoding(B)
+            engine.add_request(prompt(T), SamplingParams(max_tokens=1, ignore_eos=True))
+            points.append(timed_step())
+            if points[-1][:2] != (T, B):  # e.g. a budget too small for T: the point would be mislabelled
+                raise ValueError(f"calibrate_steps: a step meant to hold {T} prompt tokens beside {B} decodes "
+                                 f"held {points[-1][0]} and {points[-1][1]}; check max_num_batched_tokens")
+            finish()
+        return median_point(points)
+
+    def decode(B: int) -> tuple[int, int, float]:
+        start_decoding(B)
+        points = []
+        while engine.has_unfinished_requests():
+            p = timed_step()
+            if p[:2] == (0, B):  # every sequence decoding, none finished yet
+                points.append(p)
+        return median_point(points)
+
+    steps = [prefill(T) for T in prompt_lens] + [decode(B) for B in batch_sizes]
+    room = min(max(batch_sizes), engine.max_num_seqs - 1)  # the prompt needs a batch slot of its own
+    steps += [prefill(sorted(prompt_lens)[len(prompt_lens) // 2], B) for B in sorted({1, room}) if B >= 1]
+    cost = fit_steps(steps)
+    if return_measurements:
+        return cost, {"steps": steps}
+    return cost
+
+
+def fit_steps(steps) -> StepCostModel:
+    """Least squares over measured steps (prefill_tokens, decode_seqs, seconds):
+    seconds = decode_base_s + prefill_s_per_token * prefill_tokens
+              + decode_s_per_seq * decode_seqs.
+    Negative coefficients (noise) are clipped to 0."""
+    steps = list(steps)
+    if len(steps) < 3:
+        raise ValueError(f"fit_steps: {len(steps)} steps given; the fit needs at least 3")
+    X = np.array([[1.0, p, d] for p, d, _ in steps])
+    y = np.array([s for _, _, s in steps])
+    base, per_token, per_seq = (max(0.0, float(v)) for v in np.linalg.lstsq(X, y, rcond=None)[0])
+    return StepCostModel(prefill_s_per_token=per_token, decode_base_s=base, decode_s_per_seq=per_seq)

@@ -366,4 +366,4 @@ def check_sample(fn) -> bool:
     with a chi-square test on 20,000 seeded draws per case. Kept as "sample"
     on a pass (later labs' generation loops use it)."""
     return _report("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample,
-                   forbidden=(reference_sample,) + _engine("sample", "Sampler"), keep=("sample", fn))
+                   forbidden=(reference_sample,) + _engine("sample", "Sampler", "draw"), keep=("sample", fn))

@@ -42,7 +42,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
                    help="most logprobs / top_logprobs a request may ask for (default 20, as vLLM)")
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine's step loop in a process of its own (default), as vLLM's V1 engine "
-                        "core does; --no-engine-process runs it in a thread of the HTTP server's process")
+                        "core does; --no-engine-process runs it in a thread of the HTTP server's process, where "
+                        "its steps are slower (benchmarks/engine_thread.py)")
 
 
 def run(args) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from ..forward import forward_tokens, new_cache
 from ..kv_cache import KVCache
-from ..sampling import SamplingParams, processed_probs, seen_token_ids
+from ..sampling import SamplingParams, draw, processed_probs, seen_token_ids
 
 
 class NgramDraft:
@@ -78,7 +78,7 @@ class LayerDraft:
             self.num_forward_passes += 1
             self.cached = self.cached[:valid] + feed
             q = processed_probs(logits, params, seen_token_ids(context + tokens, params, logits.device))
-            token = int(torch.argmax(q)) if params.greedy else int(torch.multinomial(q, 1, generator=generator))
+            token = int(torch.argmax(q)) if params.greedy else draw(q, generator)
             tokens.append(token)
             probs.append(q)
             valid, feed = valid + len(feed), [token]

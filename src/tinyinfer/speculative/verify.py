@@ -28,6 +28,8 @@ import operator
 
 import torch
 
+from ..sampling import draw
+
 
 def accept_draft_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: list[int],
                         generator: torch.Generator | None = None) -> tuple[list[int], int]:
@@ -66,8 +68,8 @@ def accept_draft_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | 
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    # multinomial normalises the weights itself: no need to divide by the sum.
-    return int(torch.multinomial(weights.float(), 1, generator=generator))
+    # draw() normalises the weights itself: no need to divide by the sum.
+    return draw(weights.float(), generator)
 
 
 def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
