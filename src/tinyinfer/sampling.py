@@ -135,8 +135,8 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> int
     binary search. A zero weight adds nothing to the sum, so it is never chosen.
     torch.multinomial, on a CPU, draws a random number for every one of the
     49,152 entries and took about 0.8 ms per row on the course's machine; this
-    takes about 0.05 ms, which at batch 8 is most of a millisecond per step
-    saved for every sampled row."""
+    takes about 0.05 ms. At batch 8, all rows sampled, that was 7 ms of a 25 ms
+    decode step."""
     cdf = weights.double().cumsum(-1)  # float64: the last entries of a 49,152-term sum stay exact enough
     u = torch.rand(1, dtype=torch.float64, generator=generator, device=weights.device) * cdf[-1]
     i = int(torch.searchsorted(cdf, u, right=True))
