@@ -24,12 +24,12 @@ import torch.nn.functional as F
 
 from tinyinfer import cpu_linear
 from tinyinfer.config import DEFAULT_MODEL
+from tinyinfer.quant import LAYER_LINEARS
 from tinyinfer.weights import load_model, resolve_model
 
 
 def step_weights(model) -> list[torch.Tensor]:
-    names = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-    ws = [layer.get_submodule(n).weight for layer in model.model.layers for n in names]
+    ws = [layer.get_submodule(n).weight for layer in model.model.layers for n in LAYER_LINEARS]
     return ws + [model.lm_head.weight]
 
 

@@ -61,15 +61,10 @@ def accept_draft_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | 
         # fallback only guards against rounding.
         if residual.sum() <= 0:
             residual = p
-        accepted.append(_draw(residual, generator))
+        accepted.append(draw(residual, generator))  # draw() normalises the weights itself
         return accepted, i
-    accepted.append(_draw(target_probs[len(draft_tokens)], generator))  # all kept: a free bonus token
+    accepted.append(draw(target_probs[len(draft_tokens)], generator))  # all kept: a free bonus token
     return accepted, len(draft_tokens)
-
-
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    # draw() normalises the weights itself: no need to divide by the sum.
-    return draw(weights.float(), generator)
 
 
 def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
