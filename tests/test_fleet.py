@@ -323,5 +323,7 @@ def test_calibrate_steps_times_every_kind_of_step(llm):
     assert kinds == {(True, False), (False, True), (True, True)}  # prompts, decodes, and both at once
     assert (0, 3) in {(p, d) for p, d, _ in m["steps"]}
     assert not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match=r"batch_sizes=\(1, 99\) is invalid: each must be in \[1, "):
+        calibrate_steps(engine, batch_sizes=(1, 99))
     for p, d, t in m["steps"]:  # the plane reproduces its own points within a factor of two
         assert 0.5 < cost.step_time(prefill_tokens=p, decode_seqs=d) / t < 2

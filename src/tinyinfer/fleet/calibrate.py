@@ -104,6 +104,9 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
 
     if engine.has_unfinished_requests():
         raise ValueError("calibrate_steps: the engine must have no unfinished requests")
+    if max(batch_sizes) > engine.max_num_seqs:  # that many could never decode together: it would wait forever
+        raise ValueError(f"calibrate_steps: batch_sizes={tuple(batch_sizes)} is invalid: each must be in "
+                         f"[1, {engine.max_num_seqs}] (the engine's max_num_seqs)")
     vocab = engine.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
@@ -155,7 +158,7 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
 
     steps = [prefill(T) for T in prompt_lens] + [decode(B) for B in batch_sizes]
     room = min(max(batch_sizes), engine.max_num_seqs - 1)  # the prompt needs a batch slot of its own
-    steps += [prefill(sorted(prompt_lens)[len(prompt_lens) // 2], B) for B in sorted({1, room}) if B >= 1]
+    steps += [prefill(sorted(prompt_lens)[len(prompt_lens) // 2], B) for B in sorted({1, room}) if B <= room]
     cost = fit_steps(steps)
     if return_measurements:
         return cost, {"steps": steps}
