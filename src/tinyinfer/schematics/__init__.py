@@ -8,6 +8,14 @@ same sentence to screen readers as the image's alt text
 (`mystnb: image: alt: ...` in the cell's metadata).
 
 The shapes (boxes, arrows, rows of blocks) come from draw.py, so every
-schematic in the book shares one look. One file per picture.
+schematic in the book shares one look. One file per picture: every draw_*
+function of every module in this folder is exported here, so adding a picture
+means adding a file, nothing else.
 """
-from .stack import draw_stack  # noqa: F401
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "draw":
+        _loaded = importlib.import_module(f"{__name__}.{_module.name}")
+        globals().update({name: f for name, f in vars(_loaded).items() if name.startswith("draw_")})
