@@ -80,6 +80,16 @@ lab: $(STAMP)
 labs: $(STAMP)
 	$(PY) scripts/make_labs.py
 
+# The strict notebooks (solutions/, every stored output compared) under two other
+# CPUs' kernels, emulated on this one: an AVX2 laptop without AVX-512, then no
+# vector units at all (2-5x slower). Stored outputs must hold on every CPU; a
+# failure here is a cell that prints digits a different summation order can move.
+AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+NO_VECTOR_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
+test-portable: $(STAMP)
+	$(AVX2_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
+	$(NO_VECTOR_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
+
 # Re-record the solutions: each is executed in place, in order (lab 4 loads what
 # lab 3 kept), on RECORD_THREADS threads, stamped with the engine's fingerprint
 # (tests/test_recorded.py fails when a stamp is stale), and the labs are written
