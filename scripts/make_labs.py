@@ -42,14 +42,23 @@ buttons instead, and the site loads no image from the internet.
 --execute runs the solutions in order, as a learner would, on a fixed number of
 threads (RECORD_THREADS, or $OMP_NUM_THREADS if set) and with a fresh engine
 folder, so lab 4 loads the sampler that lab 3 kept, and so on. Run it on an idle
-machine: the timings it records are the ones the site shows.
+machine: the timings it records are the ones the site shows. `make record` runs
+it for every solution, and refuses while the engine has uncommitted changes.
+
+Each executed solution stores the fingerprint of the engine it ran on
+(engine_fingerprint(): the engine's source, not its checks) in its metadata,
+under "tinyinfer". tests/test_recorded.py fails when a solution's fingerprint is
+not today's engine's, so stale timings and texts cannot stay on the site unseen.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
+import hashlib
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -275,22 +284,94 @@ def lab_texts() -> dict[Path, str]:
         lab = make_lab(solution, solution_path.name, repo, solution_path.name)
         texts[LABS / solution_path.name] = notebook_text(lab)
         prepare_solution(solution, solution_path.name, repo)
-        solution.metadata = copy.deepcopy(METADATA)
+        solution.metadata = solution_metadata(solution.metadata.get(RECORD_KEY))
         texts[solution_path] = notebook_text(solution)
     return texts
 
 
+# ------------------------------------------------ which engine a solution was recorded on
+
+ENGINE = ROOT / "src" / "tinyinfer"
+# Not hashed: the checks (labcheck prints ✓/✗ and case counts, which strict nbval
+# compares anyway), and caches. Everything else can change what a solution prints:
+# the server and the CLI too, since lab 8 runs `python -m tinyinfer serve`.
+ENGINE_EXCLUDE = ("labcheck",)
+RECORD_KEY = "tinyinfer"  # the solution's metadata key for what it was recorded on
+
+
+def engine_files(root: Path = ENGINE) -> list[Path]:
+    """The files whose contents make the engine's fingerprint, in a fixed order."""
+    candidates = [*root.rglob("*.py"), *(root / "data").glob("*")]  # code, and the packaged data
+    return sorted(path for path in candidates
+                  if path.is_file() and path.relative_to(root).parts[0] not in ENGINE_EXCLUDE)
+
+
+def _normalised(path: Path) -> bytes:
+    """A .py file's syntax tree (so comments and blank lines, which cannot change
+    an output, do not change the fingerprint; docstrings do, since code can print
+    them); any other file's bytes (data/eval_text.txt is the perplexity text)."""
+    if path.suffix == ".py":
+        try:
+            return ast.dump(ast.parse(path.read_text(encoding="utf-8"))).encode()
+        except SyntaxError:
+            pass  # hash the bytes: the notebooks would not run anyway
+    return path.read_bytes()
+
+
+def engine_fingerprint(root: Path = ENGINE) -> str:
+    """sha256 over the engine's files (engine_files), each with its path."""
+    digest = hashlib.sha256()
+    for path in engine_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(_normalised(path)).digest())
+    return digest.hexdigest()[:16]
+
+
+def git(*args: str) -> str | None:
+    """A git command's output in the repository, or None (no git, not a checkout)."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def engine_changes() -> list[str]:
+    """`git status` lines for uncommitted changes to the fingerprinted engine files."""
+    status = git("status", "--porcelain", "--", str(ENGINE.relative_to(ROOT)),
+                 *[f":(exclude){(ENGINE / name).relative_to(ROOT)}" for name in ENGINE_EXCLUDE])
+    return [line for line in (status or "").splitlines() if line.strip()]
+
+
+def record_metadata() -> dict:
+    """What an executed solution stores about the engine it ran on."""
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if commit and engine_changes():
+        commit += "+uncommitted"
+    return {"engine_fingerprint": engine_fingerprint(), "engine_commit": commit or "unknown"}
+
+
+def solution_metadata(record: dict | None) -> dict:
+    """A solution's notebook metadata: the fixed kernelspec, plus its record (if any)."""
+    metadata = copy.deepcopy(METADATA)
+    if record:
+        metadata[RECORD_KEY] = dict(record)
+    return metadata
+
+
 def execute_solution(path: Path, timeout: int = 600) -> float:
-    """Run a solution top to bottom in place; returns the seconds it took."""
+    """Run a solution top to bottom in place, stamped with the engine it ran on;
+    returns the seconds it took."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    record = record_metadata()  # before the run: the engine that the run imports
     start = time.perf_counter()
     # record_timing=False keeps wall-clock timestamps out of the committed file.
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
-    nb.metadata = copy.deepcopy(METADATA)
+    nb.metadata = solution_metadata(record)
     path.write_text(notebook_text(nb), encoding="utf-8")
     return seconds
 
@@ -313,7 +394,18 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if labs/ differs from what would be written")
     parser.add_argument("--execute", nargs="*", metavar="NN", default=None,
                         help="re-execute solutions/ in place first (all of them, or those whose names start with NN)")
+    parser.add_argument("--require-clean-engine", action="store_true",
+                        help="with --execute: refuse while src/tinyinfer has uncommitted changes (make record)")
+    parser.add_argument("--fingerprint", action="store_true", help="print the engine's fingerprint and exit")
     args = parser.parse_args(argv)
+    if args.fingerprint:
+        print(engine_fingerprint())
+        return 0
+    if args.execute is not None and args.require_clean_engine and engine_changes():
+        print("refusing to record: the engine has uncommitted changes, so the solutions would describe an "
+              "engine no commit has:\n  " + "\n  ".join(engine_changes()) +
+              "\ncommit them first (or run make record ALLOW_DIRTY=1)", file=sys.stderr)
+        return 2
     if args.execute is not None:
         paths = sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb"))
         execute_all([p for p in paths if not args.execute or p.name[:2] in args.execute])
