@@ -293,9 +293,10 @@ def lab_texts() -> dict[Path, str]:
 
 ENGINE = ROOT / "src" / "tinyinfer"
 # Not hashed: the checks (labcheck prints ✓/✗ and case counts, which strict nbval
-# compares anyway), and caches. Everything else can change what a solution prints:
-# the server and the CLI too, since lab 8 runs `python -m tinyinfer serve`.
-ENGINE_EXCLUDE = ("labcheck",)
+# compares anyway), the book's schematics (no lab draws one), and caches. Everything
+# else can change what a solution prints: the server and the CLI too, since lab 8
+# runs `python -m tinyinfer serve`.
+ENGINE_EXCLUDE = ("labcheck", "schematics")
 RECORD_KEY = "tinyinfer"  # the solution's metadata key for what it was recorded on
 
 
