@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from tinyinfer import labcheck
 
@@ -261,3 +262,50 @@ def test_compare_prediction_never_raises(capsys):
     assert "you predicted 46,080, measured 46,080 (measured / predicted = 1.00)" in capsys.readouterr().out
     labcheck.compare_prediction(0, 3.0, "x")
     assert "= -)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------- graded quizzes (issue 25)
+
+
+def test_grade_answer_passes_right_numbers_and_choices(capsys):
+    assert labcheck.grade_answer("KV cache (MiB)", 361.0, 360.0, rel_tol=0.01) is True
+    assert capsys.readouterr().out == "✓ KV cache (MiB): right (within 1%)\n"
+    assert labcheck.grade_answer("share", 0.104, 0.1, rel_tol=0, abs_tol=0.005) is True
+    assert labcheck.grade_answer("n", 7, 7.0, rel_tol=0) is True
+    assert labcheck.grade_answer("t", torch.tensor(0.5), 0.5) is True  # a 0-d tensor is a number
+    assert labcheck.grade_answer("winner", " INT4 ", "int4", options=["int4", "bf16"]) is True
+    assert capsys.readouterr().out.splitlines() == [
+        "✓ share: right (within ±0.005)", "✓ n: right (exactly)", "✓ t: right (within 5%)", "✓ winner: right"]
+
+
+def test_grade_answer_prints_no_measured_digits_when_right(capsys):
+    """Solutions compute answer and expected from their own run: the ✓ line must
+    not depend on the values, or strict nbval would fail on another machine."""
+    for value in (0.31, 0.47, 123.4):
+        assert labcheck.grade_answer("fraction of the bound", value, value * 1.001) is True
+    lines = capsys.readouterr().out.splitlines()
+    assert len(set(lines)) == 1 and not re.search(r"\d", lines[0].replace("5%", "")), lines
+
+
+@pytest.mark.parametrize("answer, expected, kwargs, said", [
+    (340.0, 360.0, {"rel_tol": 0.05}, "you answered 340, expected 360 (within 5%)"),  # off by more than 5%
+    (0.2, 0.1, {"rel_tol": 0, "abs_tol": 0.05}, "expected 0.1 (within ±0.05)"),
+    ("360", 360.0, {}, "answer with a number, not str '360'"),  # wrong type
+    (True, 1.0, {}, "answer with a number, not bool"),
+    (torch.ones(3), 1.0, {}, "answer with a number, not Tensor"),
+    ("bf16", "int4", {"options": ["int4", "bf16"]}, "you chose 'bf16'; the answer is 'int4'"),  # wrong option
+    ("fp8", "int4", {"options": ["int4", "bf16"]}, "'fp8' is not one of the options"),
+    (4, "int4", {"options": ["int4", "bf16"]}, "answer with one of ['int4', 'bf16'] (a string), not int 4"),
+])
+def test_grade_answer_fails_wrong_answers_with_the_expected_value_and_why(answer, expected, kwargs, said, capsys):
+    assert labcheck.grade_answer("q", answer, expected, explain="Because of this.", **kwargs) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ q: ") and said in out and out.endswith("\n    Because of this.\n"), out
+
+
+def test_grade_answer_reminds_on_none_and_never_raises(capsys):
+    assert labcheck.grade_answer("q", None, 3.0) is False
+    assert "no answer yet" in capsys.readouterr().out
+    for expected in (float("nan"), None, object()):  # the course's mistake, still no exception
+        assert labcheck.grade_answer("q", 1.0, expected) is False
+        assert capsys.readouterr().out.startswith("✗ q: could not be graded")

@@ -6,13 +6,13 @@ declarations list, so notebooks write `labcheck.check_bpe_encode_piece(fn)`
 or `labcheck.reference_rope` whatever the module. Besides them:
 - core.py: Case and run_check, from which every check is made;
 - watch.py: the forbidden-call watch that refuses the course's own answers;
-- quiz.py: compare_prediction, for "predict, then measure";
+- quiz.py: compare_prediction and grade_answer, for "predict, then measure";
 - my_engine.py: the learner's pieces, kept by one lab for the next;
 - fixtures.py, records.py, given.py: what several labs' checks share.
 """
 from . import my_engine, registry, watch  # noqa: F401
 from .core import Case, _report, run_check  # noqa: F401
-from .quiz import compare_prediction  # noqa: F401
+from .quiz import compare_prediction, grade_answer  # noqa: F401
 
 LABS = registry.labs()  # ((module, Lab), ...) for every lab, by number
 globals().update(registry.exports(LABS))  # labcheck.check_rope, labcheck.reference_rope, labcheck.Request, ...
