@@ -269,7 +269,7 @@ def test_compare_prediction_never_raises(capsys):
 # Labs whose predictions still lack a `why` cell: the content team is writing
 # them. Each is expected to fail the rule below (strict: once a lab passes, it
 # must leave this list, so the list cannot go stale).
-WHY_PENDING = {"01-tokens", "02-attention", "03-sampling", "04-prefill-decode", "05-kv-cache", "06-quantization", "07-batching",
+WHY_PENDING = {"01-tokens", "03-sampling", "04-prefill-decode", "05-kv-cache", "06-quantization", "07-batching",
                "08-fleets", "09-toolbox", "10-beyond-one-reply", "11-your-engine"}
 
 
