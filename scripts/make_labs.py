@@ -15,6 +15,34 @@ Conventions in a solution notebook:
   self-contained: an exercise cell imports what it uses, and a check cell uses
   only `labcheck` and what the exercise defines, so tests can run each pair
   alone.
+- A markdown cell tagged `why` asks the reader to explain a result in writing
+  ("why the gap?"). After every cell that calls `labcheck.compare_prediction`,
+  a `why` cell comes before the next code cell, not counting cells that only
+  draw a figure (their source calls `plt.show()`). It holds the question, then
+  our answer as a folded MyST admonition, exactly:
+
+      **Why?** Where do the 46,080 bytes come from?
+
+      ```{admonition} Our answer
+      :class: dropdown
+      Two tensors (keys and values) per layer, ...
+      ```
+
+  In the lab the admonition is removed and the reader finds
+  "*Your answer:* double-click to write here" in its place; on the site the
+  answer is folded under its title. The question stays above the answer, and
+  the answer is the cell's only admonition.
+- A code cell tagged `quiz` asks for a number or a choice the reader works out
+  from what the lab printed: lines `name = expression  # comment`, one per
+  question. In the solution the expression computes the answer from the run
+  (`kv_mib = llm.llm_engine.kv_bytes_per_token * 8192 / 2**20`, or
+  `winner = "int4" if t_int4 < t_bf16 else "bf16"`), never a literal, so the
+  stored output holds on every machine; in the lab each becomes None, as in a
+  prediction. The next code cell is tagged `check` and grades each name with
+  `labcheck.grade_answer(what, name, expected, rel_tol=..., explain=...)`,
+  which prints ✓, or ✗ with the expected value and `explain`. In the lab that
+  check cell's source starts folded (JupyterLab's `source_hidden`), since it
+  shows how the answer is computed.
 
 Labs are written unexecuted (outputs cleared) with fixed notebook metadata, so
 regenerating them is byte-for-byte stable.
@@ -23,9 +51,10 @@ The site shows the solutions, not the labs (see _toc.yml): a self-study reader
 gets a worked answer for every exercise, folded away until asked for. So this
 script also keeps three things in each solution up to date (`prepare_solution`):
 exercise cells are tagged `hide-input` with the toggle "Show the worked
-solution", prediction cells likewise with "Show our prediction", and a note
-after the title says how to open the lab itself. The lab gets none of these: its
-tags are removed, and it says instead where the worked solutions are.
+solution", prediction cells likewise with "Show our prediction" and quiz cells
+with "Show our answer", and a note after the title says how to open the lab
+itself. The lab gets none of these: its tags are removed, and it says instead
+where the worked solutions are.
 
 Colab: every lab starts (after its title cell) with an "Open in Colab" badge and
 a cell that installs the course when, and only when, it runs in Colab. Both are
@@ -80,7 +109,13 @@ SOLUTION_NOTE_ID, LAB_NOTE_ID = "solution-note", "solutions-note"
 HIDDEN = {  # cell tag -> the toggle's label on the site
     "exercise": ("Show the worked solution", "Hide the worked solution"),
     "prediction": ("Show our prediction", "Hide our prediction"),
+    "quiz": ("Show our answer", "Hide our answer"),
 }
+# A `why` cell's model answer: a MyST admonition (``` or ::: fence), folded on the site.
+WHY_ANSWER = re.compile(r"^(?P<fence>`{3,}|:{3,})\{admonition\}[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$\n?", re.M | re.S)
+WHY_PROMPT = "*Your answer:* double-click to write here"
+QUIZ_GRADER = "labcheck.grade_answer("
+FIGURE = "plt.show()"  # a code cell that draws a figure, which a `why` cell may follow
 
 COLAB_MARKER = '"google.colab" in sys.modules'
 # Packages a lab may import that are neither tinyinfer's own dependencies nor
@@ -237,6 +272,61 @@ def exercise_pairs(nb, where: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def quiz_pairs(nb, where: str) -> list[tuple[int, int]]:
+    """(quiz cell index, check cell index) for every quiz, validated: the next
+    code cell is tagged `check` and grades every name the quiz asks for."""
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    pairs = []
+    for k, i in enumerate(code):
+        if has_tag(nb.cells[i], "quiz"):
+            j = code[k + 1] if k + 1 < len(code) else None
+            if j is None or not has_tag(nb.cells[j], "check") or QUIZ_GRADER not in nb.cells[j].source:
+                raise ValueError(f"{where}: quiz cell {i} must be followed by a code cell tagged 'check' "
+                                 f"that calls {QUIZ_GRADER}...)")
+            graded = nb.cells[j].source[nb.cells[j].source.index(QUIZ_GRADER):]
+            for name in quiz_names(nb.cells[i].source, f"{where} cell {i}"):
+                if not re.search(rf"\b{name}\b", graded):
+                    raise ValueError(f"{where}: the check after quiz cell {i} does not grade {name!r}")
+            pairs.append((i, j))
+    return pairs
+
+
+def quiz_names(source: str, where: str) -> list[str]:
+    """The names a quiz cell asks for, refusing a literal answer (other than the
+    lab's None): it would be right on the machine that recorded it and maybe
+    wrong on the reader's."""
+    names = []
+    for match in PREDICTION_LINE.finditer(source):
+        name, value = match.group(1).split("=")[0].strip(), match.group(2).strip()
+        if not value:
+            raise ValueError(f"{where}: quiz line {match.group(0)!r} has no answer")
+        try:
+            expr = ast.parse(value, mode="eval").body
+        except SyntaxError as e:
+            raise ValueError(f"{where}: quiz line {match.group(0)!r} is not `name = expression`") from e
+        literal = isinstance(expr, ast.Constant) or isinstance(expr, ast.UnaryOp) and isinstance(expr.operand, ast.Constant)
+        if literal and value != "None":  # None: the lab's blank
+            raise ValueError(f"{where}: the quiz answer {name} = {value} is a literal; compute it from the run")
+        names.append(name)
+    if not names:
+        raise ValueError(f"{where}: a 'quiz' cell needs lines `name = expression`")
+    return names
+
+
+def blank_why(source: str, where: str) -> str:
+    """A `why` cell's question without our answer, and a place to write one."""
+    answers = list(WHY_ANSWER.finditer(source))
+    if len(answers) != 1:
+        raise ValueError(f"{where}: a 'why' cell holds its question, then our answer as one "
+                         f"```{{admonition}} Our answer ... ``` block (found {len(answers)})")
+    if not re.search(r"^:class:.*\bdropdown\b", answers[0].group("body"), re.M):
+        raise ValueError(f"{where}: the answer in a 'why' cell needs `:class: dropdown`, or the site shows it unfolded")
+    question = WHY_ANSWER.sub("", source).strip()
+    if not question:
+        raise ValueError(f"{where}: a 'why' cell needs its question above the answer")
+    return f"{question}\n\n{WHY_PROMPT}"
+
+
 def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_name: str | None = None):
     """The lab notebook for a solution notebook (a new object). With `repo`
     (see repository()), it opens with the Colab badge and install cells."""
@@ -246,15 +336,20 @@ def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_na
     lab.cells = [c for c in lab.cells if c.get("id") not in {SOLUTION_NOTE_ID, LAB_NOTE_ID}]
     if repo is not None:
         add_colab_cells(lab, lab_name or where, repo)
+    quiz_checks = {j for _, j in quiz_pairs(lab, where)}  # validates the quiz/check convention
     for i, cell in enumerate(lab.cells):
         tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]  # a site-only tag
         cell.metadata = {"tags": list(tags)} if tags else {}
+        if i in quiz_checks:  # it computes the answer: folded until the reader opens it
+            cell.metadata["jupyter"] = {"source_hidden": True}
+        if cell.cell_type == "markdown" and "why" in tags:
+            cell.source = blank_why(cell.source, f"{where} cell {i}")
         if cell.cell_type != "code":
             continue
         cell.outputs, cell.execution_count = [], None
         if "exercise" in tags:
             cell.source = stub_source(cell.source, f"{where} cell {i}")
-        elif "prediction" in tags:
+        elif "prediction" in tags or "quiz" in tags:
             cell.source = blank_predictions(cell.source, f"{where} cell {i}")
         elif BEGIN in cell.source or END in cell.source:
             raise ValueError(f"{where} cell {i}: solution markers outside an 'exercise' cell would leak")
@@ -265,7 +360,8 @@ PREDICTION_LINE = re.compile(r"^(\s*\w+\s*=\s*)([^#\n]*?)(\s*#.*)?$", re.M)
 
 
 def blank_predictions(source: str, where: str) -> str:
-    """`name = 3.5  # why` -> `name = None  # why`, for every assignment line."""
+    """`name = 3.5  # why` -> `name = None  # why`, for every assignment line
+    (of a prediction cell, or of a quiz cell)."""
     out, n = PREDICTION_LINE.subn(lambda m: m.group(1) + "None" + (m.group(3) or ""), source)
     if n == 0:
         raise ValueError(f"{where}: a 'prediction' cell needs lines `name = value`")
