@@ -129,29 +129,43 @@ def _describe(num_blocks: int, block_size: int, ops: list[tuple]) -> str:
 
 class _EngineAllocator:
     """tinyinfer's BlockManager (prefix cache off) behind the exercise's
-    interface: where the check's expected states come from."""
+    interface: where the check's expected states come from. The engine's
+    sequences carry their own block tables; this keeps one per seq_id."""
 
     def __init__(self, num_blocks: int, block_size: int):
         from ..block_manager import BlockManager
 
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.block_size, self.block_tables, self.num_tokens = block_size, self.bm.block_tables, self.bm.num_slots
+        self.bm, self.block_size, self.seqs = BlockManager(num_blocks, block_size, enable_prefix_caching=False), \
+            block_size, {}
 
     ref_count = property(lambda self: [b.ref_count for b in self.bm.blocks])
     free_blocks = property(lambda self: list(self.bm.free_block_ids))
+    block_tables = property(lambda self: {sid: s.block_table for sid, s in self.seqs.items()})
+    num_tokens = property(lambda self: {sid: s.num_computed_tokens for sid, s in self.seqs.items()})
 
     def allocate(self, seq_id, num_tokens):
-        self.bm.allocate(seq_id, [], num_tokens)
+        from ..request import Request
+        from ..sampling import SamplingParams
+
+        seq = Request(seq_id, None, [0] * num_tokens, SamplingParams()).samples[0]
+        self.bm.allocate(seq, num_tokens)
+        seq.num_computed_tokens = num_tokens  # the lab's num_tokens: what the blocks hold
+        self.seqs[seq_id] = seq
 
     def append(self, seq_id):
-        copies = self.bm.append_slots(seq_id, self.bm.num_slots[seq_id] + 1)
+        seq = self.seqs[seq_id]
+        copies = self.bm.append_slots(seq, seq.num_computed_tokens + 1)
+        seq.num_computed_tokens += 1
         return copies[0] if copies else None
 
     def fork(self, parent_id, child_id):
-        self.bm.fork(parent_id, child_id)
+        parent = self.seqs[parent_id]
+        child = parent.fork(1)
+        self.bm.fork(parent, child)
+        self.seqs[child_id] = child
 
     def free(self, seq_id):
-        self.bm.free(seq_id)
+        self.bm.free(self.seqs.pop(seq_id))
 
 
 def _allocator_cases() -> list[Case]:

@@ -20,7 +20,6 @@ import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import torch
 
@@ -254,9 +253,9 @@ def _play_schedule(schedule, sc: _Scenario, num_steps: int) -> dict:
 def _engine_schedule_trace(sc: _Scenario) -> list[dict]:
     """The same scenario through tinyinfer's Scheduler and BlockManager."""
     from ..block_manager import BlockManager
-    from ..sampling import SamplingParams
+    from ..request import Request
+    from ..sampling import SamplerOutput, SamplingParams
     from ..scheduler import Scheduler, SchedulerConfig
-    from ..sequence import Sequence
 
     bm = BlockManager(sc.num_blocks, sc.block_size, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(sc.max_num_seqs, sc.token_budget, True, "recompute"), bm)
@@ -264,14 +263,13 @@ def _engine_schedule_trace(sc: _Scenario) -> list[dict]:
     for k in range(sc.num_steps):
         for s, p, m, at in sc.requests:
             if at == k:
-                sched.add(Sequence(s, None, _prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0,
-                                                                           ignore_eos=True)))
+                sched.add(Request(s, None, _prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0,
+                                                                          ignore_eos=True)))
         out = sched.schedule()
-        trace.append({"step": k, **_record(out.scheduled, out.preempted, sched.running, sched.waiting,
+        scheduled = [(e.seq, e.num_new_tokens) for e in out.scheduled]
+        trace.append({"step": k, **_record(scheduled, out.preempted, sched.running, sched.waiting,
                                             bm.num_free_blocks)})
-        sampled = SimpleNamespace(token_ids=[1] * len(out.sampling), logprobs=[None] * len(out.sampling),
-                                  prompt_logprobs={})
-        sched.update_from_output(out, sampled)
+        sched.update_from_output(out, SamplerOutput([1] * len(out.sampling), [None] * len(out.sampling)))
     return trace
 
 
@@ -414,27 +412,26 @@ def _engine_outputs(w: _Workload, eos_token_ids) -> tuple[dict, int]:
     and ModelRunner on the workload (LLMEngine.step without the tokenizer)."""
     from ..block_manager import BlockManager
     from ..model_runner import ModelRunner
-    from ..sampling import SamplingParams
+    from ..request import Request
+    from ..sampling import SamplerOutput, SamplingParams
     from ..scheduler import Scheduler, SchedulerConfig
-    from ..sequence import Sequence
 
     model = tiny_model()
     bm = BlockManager(w.num_blocks, w.block_size, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(w.max_num_seqs, w.token_budget, True, "recompute"), bm)
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, w.num_blocks, w.block_size)
-    seqs = [Sequence(s, None, _tiny_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0), eos_token_ids)
-            for s, p, m in w.requests]
-    for seq in seqs:
-        sched.add(seq)
+    requests = [Request(s, None, _tiny_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0), eos_token_ids)
+                for s, p, m in w.requests]
+    for request in requests:
+        sched.add(request)
     steps = 0
     while sched.waiting or sched.running:
         out = sched.schedule()
         logits = runner.execute_model(out).logits
         tokens = [int(row.argmax()) for row in logits]
-        sched.update_from_output(out, SimpleNamespace(token_ids=tokens, logprobs=[None] * len(tokens),
-                                                      prompt_logprobs={}))
+        sched.update_from_output(out, SamplerOutput(tokens, [None] * len(tokens)))
         steps += 1
-    return {s.seq_id: s.output_token_ids for s in seqs}, steps
+    return {r.request_id: r.samples[0].output_token_ids for r in requests}, steps
 
 
 def _eos_for(w: _Workload) -> list[int]:
