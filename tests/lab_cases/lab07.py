@@ -172,7 +172,7 @@ import hashlib  # noqa: E402
 
 from tinyinfer.block_manager import BlockManager  # noqa: E402
 from tinyinfer.labcheck import Step  # noqa: E402
-from tinyinfer.labcheck.batching import _EngineAllocator  # noqa: E402  (BlockManager behind the lab's interface)
+from tinyinfer.labcheck.fixtures import EngineAllocator as _EngineAllocator  # noqa: E402  (BlockManager behind the lab's interface)
 from tinyinfer.sampling import SamplingParams  # noqa: E402
 from tinyinfer.request import Request  # noqa: E402
 from tinyinfer.scheduler import Scheduler, SchedulerConfig  # noqa: E402
