@@ -92,8 +92,7 @@ def test_aborts_mid_generation_free_every_block(text_ids):
     assert engine.block_manager.num_used_blocks > 0
     engine.abort_request(ids[::2])
     engine.abort_request("no-such-request")  # ignored
-    while engine.has_unfinished_requests():
-        engine.step()
+    run_until_done(engine)
     assert_no_blocks_held(engine)
     # and the engine still works afterwards
     assert run_all(engine, work[:1])[0]

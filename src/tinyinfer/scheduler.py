@@ -246,6 +246,11 @@ class Scheduler:
             out.num_decode_tokens += 1
         entry.samples = [seq]
         if seq.request.num_unforked:  # n > 1, and the prompt is complete after this step: fork here
+            # The children run from the next step on. They join the end of the
+            # running list now, and nothing after them can preempt them this
+            # step: a prompt still being cut into chunks takes all the budget
+            # left, so nothing running was admitted after it. _schedule_running
+            # stops at them (they have no new token until they sample one).
             for child in seq.request.fork():
                 self.block_manager.fork(seq, child)
                 self.running.append(child)
