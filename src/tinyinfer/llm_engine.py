@@ -137,9 +137,11 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
-    def make_request(self, prompt, params, request_id=None, arrival_time=None, index: int | None = None) -> Request:
-        """Check a request and build it, changing nothing in the engine."""
-        where = "prompt" if index is None else f"prompts[{index}]"
+    def make_request(self, prompt, params, request_id=None, arrival_time=None,
+                     prompt_index: int | None = None) -> Request:
+        """Check a request and build it, changing nothing in the engine.
+        prompt_index: its place in LLM.generate's list, for the error messages."""
+        where = "prompt" if prompt_index is None else f"prompts[{prompt_index}]"
         p = params if params is not None else SamplingParams()
         if not isinstance(p, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(p).__name__}")

@@ -90,8 +90,9 @@ class ModelRunner:
             if entry.prompt_logprobs:
                 start, n = entry.start, entry.num_new_tokens
                 stop = max(start, min(start + n, entry.seq.num_prompt_tokens - 1))
-                first = int(ends[b]) - n + 1
-                found.append(PromptLogits(entry.seq, start, self.model.compute_logits(hidden[first : first + stop - start])))
+                first = int(ends[b]) - n + 1  # the entry's first row in the packed hidden states
+                rows = hidden[first : first + stop - start]
+                found.append(PromptLogits(entry.seq, start, self.model.compute_logits(rows)))
         return found
 
     def drop_swapped(self, seq_id: str) -> None:
