@@ -14,12 +14,10 @@ enough to run many steps and many engines.
 """
 import json
 import random
-import shutil
 import time
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinyinfer import LLM, LLMEngine, SamplingParams
 from tinyinfer.detokenizer import IncrementalDetokenizer
@@ -27,20 +25,6 @@ from tinyinfer.llm_engine import run_until_done
 from tinyinfer.tokenizer import Tokenizer
 
 VOCAB = 49152  # the real tokenizer's, so text and multi-byte characters are real
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_model_dir):
-    """A 2-layer random Llama with the default model's tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir / name, folder / name)
-    return str(folder)
 
 
 def tiny_engine(tiny_dir, **kw):
