@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from ..outputs import RequestOutput
 from .engine_protocol import ServableEngine, engine_stats, kv_capacity_tokens, step_work
-from .messages import (Abort, AddRequest, ChatPrompt, Fatal, Ready, Refused, RequestDelta, RequestMetrics,
+from .messages import (Abort, AddRequest, ChatPrompt, Command, Fatal, Ready, Refused, RequestDelta, RequestMetrics,
                        Shutdown, StepReport, StepStats, Usage)
 
 log = logging.getLogger("tinyinfer.server")
@@ -105,7 +105,7 @@ class EngineCore:
         # A small thread empties the command pipe into this queue at once, so the
         # API server never blocks writing to a full pipe while the core is busy
         # (vLLM's core has the same input thread).
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue[Command] = queue.Queue()
 
     def _read_commands(self) -> None:
         try:
@@ -183,7 +183,7 @@ class EngineCore:
         try:
             outputs = self.engine.step()
             now = time.perf_counter()
-            deltas, prompt_tokens, gaps = [], 0, []
+            deltas, prompt_tokens, gaps, finished = [], 0, [], []
             for out in outputs:
                 progress = self.live.get(out.request_id)
                 if progress is None:  # aborted: nobody is listening
@@ -197,7 +197,7 @@ class EngineCore:
                         gaps.append(gap)
                 if out.finished:
                     progress.finish(out, new, now)
-                    del self.live[out.request_id]
+                    finished.append(out.request_id)
                 deltas += new
         except Exception as e:
             # Every request in the engine may be half-updated: fail them all
@@ -211,6 +211,8 @@ class EngineCore:
                     log.exception("abort_request(%s) after a failed step also failed", rid)
             self.live.clear()
             return
+        for rid in finished:  # only now: had the loop above raised, they would have been failed too
+            del self.live[rid]
         report.deltas = deltas
         report.step = StepStats(prompt_tokens, sum(len(d.new_token_ids) for d in deltas), gaps,
                                 *step_work(self.engine), step_s=now - t0,
