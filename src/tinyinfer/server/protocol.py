@@ -46,8 +46,9 @@ class _SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for a valid-looking request this engine cannot honour."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
+        penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+        for name, value in penalties.items():
+            if value:
                 return name, f"{name} is not supported (use repetition_penalty); it must be 0"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true"
