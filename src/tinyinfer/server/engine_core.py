@@ -43,8 +43,8 @@ log = logging.getLogger("tinyinfer.server")
 
 
 class RequestProgress:
-    """One live request as the API server knows it: per sample, how many tokens
-    and characters of text it has been sent, and when its tokens came."""
+    """One live request, kept by the core: per sample, how many tokens and
+    characters of text the API server has been sent, and when its tokens came."""
 
     def __init__(self, now: float):
         self.arrival_time = now
