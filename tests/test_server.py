@@ -260,6 +260,9 @@ def _metrics(server) -> dict:
     ({"prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
     ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),  # over max_logprobs (20, vLLM's default)
     ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),  # not supported: must be 0
+    ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream
 ])
 def test_bad_completion_requests(server, body, status, param):
     r = post(server, "/v1/completions", body)
