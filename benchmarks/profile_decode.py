@@ -41,7 +41,7 @@ def decode_engine(args):
     llm = LLM(dtype=args.dtype, quantization=args.quantization, group_size=args.group_size,
               enforce_eager=not args.compile, max_model_len=4096)
     engine = llm.llm_engine if hasattr(llm, "llm_engine") else llm
-    params = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True)  # within max_model_len
     engine.add_request(PROMPT, params)
     for _ in range(args.warmup):  # the prompt step, then decode steps (compiling, with --compile)
         engine.step()

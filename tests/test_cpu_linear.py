@@ -54,6 +54,23 @@ def test_packed_equals_f_linear(dtype, shape):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
 
 
+@pytest.mark.skipif(torch.bfloat16 not in cpu_linear.UPCAST_DTYPES, reason="this CPU has bf16 units: bf16 is packed")
+def test_bf16_without_bf16_units_multiplies_several_rows_in_fp32():
+    """No bf16 units: a prompt's rows go through one fp32 product (same numbers
+    as bf16 F.linear up to the order of additions), a decode row stays bf16."""
+    model = _model(torch.bfloat16)
+    layer = model[0]
+    assert type(layer) is PackedLinear and layer.packed_weight is None
+    rows = torch.randn(cpu_linear.UPCAST_MIN_ROWS + 3, 80, dtype=torch.bfloat16)
+    got = layer(rows)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, F.linear(rows.float(), layer.weight.float()).bfloat16())  # the fp32 path ran
+    want = F.linear(rows, layer.weight)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2 * float(want.abs().max()))
+    one = rows[:1]
+    assert torch.equal(layer(one), F.linear(one, layer.weight))  # decode: bf16 as it was
+
+
 @needs_packing
 def test_the_kernel_reads_the_layout_not_the_weight():
     """Proof that the packed path runs: zero the layout's source behind its back."""
