@@ -63,16 +63,18 @@ def main():
         torch.set_num_threads(args.threads)
     llm, engine = decode_engine(args)
     n = args.steps
-    times = []
+    times, cpu = [], time.process_time()
     for _ in range(n):
         t = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t)
+    cpu_ms = (time.process_time() - cpu) / n * 1e3  # all threads' CPU time: what a busy machine inflates least
     label = f"{args.dtype}" + (f", {args.quantization} g{args.group_size}" if args.quantization else "")
     print(f"{label}, {'compiled' if args.compile else 'eager'}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
     print(f"decode step: median {statistics.median(times) * 1e3:.2f} ms, best {min(times) * 1e3:.2f} ms "
-          f"over {n} steps")
+          f"over {n} steps; CPU time {cpu_ms:.2f} ms per step (all threads; with --threads 1, a step's work "
+          f"even on a busy machine)")
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(n):
