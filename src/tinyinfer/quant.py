@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_linear import PackedModule, wants_grad
+from .cpu_linear import UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, wants_grad
 
 METHODS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
@@ -179,6 +179,16 @@ def _kernel_serves(x: torch.Tensor, layer) -> bool:
             and x.numel() // layer.in_features <= KERNEL_MAX_ROWS and not wants_grad(x))
 
 
+def _reference_linear(x: torch.Tensor, dequantize) -> torch.Tensor:
+    """De-quantize the whole weight (dequantize(dtype)), then an ordinary matmul.
+    A prompt's rows in bf16 on a CPU without bf16 units are multiplied in fp32,
+    as cpu_linear.PackedLinear does there (UPCAST_DTYPES): the emulated bf16
+    matmul converts every weight once per row."""
+    if x.dtype in UPCAST_DTYPES and x.is_cpu and x.numel() // x.shape[-1] >= UPCAST_MIN_ROWS:
+        return F.linear(x.float(), dequantize(torch.float32)).to(x.dtype)
+    return F.linear(x, dequantize(x.dtype))
+
+
 class Int8Linear(QuantizedLinear):
     """INT8 weights (and fp32 row scales) as persistent buffers; for the packed
     kernel, the scales in the activation dtype (its kernel layout, cpu_linear's rule)."""
@@ -211,7 +221,7 @@ class Int8Linear(QuantizedLinear):
             self.check_layout()
             return self._kernel_forward(x)
         # Reference path: expand the whole weight to x's dtype, then an ordinary matmul.
-        return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype))
+        return _reference_linear(x, lambda dtype: dequantize_int8(self.weight, self.scales, dtype))
 
     def _kernel_forward(self, x):
         # One kernel reads the int8 weight and applies the row scales as it goes.
@@ -261,8 +271,8 @@ class Int4Linear(QuantizedLinear):
         if self.use_kernel and self.has_layout() and _kernel_serves(x, self):
             self.check_layout()
             return self._kernel_forward(x)
-        w = dequantize_int4(self.weight, self.scales, self.zeros, self.group_size, x.dtype)
-        return F.linear(x, w)
+        return _reference_linear(x, lambda dtype: dequantize_int4(self.weight, self.scales, self.zeros,
+                                                                  self.group_size, dtype))
 
     def _kernel_forward(self, x):
         x2 = x.reshape(-1, self.in_features)
