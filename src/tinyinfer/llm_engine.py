@@ -28,6 +28,7 @@ import torch
 from .block_manager import BlockManager
 from .checks import check_context_window, check_prompt_ids
 from .config import EngineConfig, resolve_device, resolve_dtype
+from .cpu_linear import pack_for_cpu
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
 from .request import Request
@@ -71,6 +72,8 @@ class LLMEngine:
             from .quant import quantize_model
 
             quantize_model(model_, cfg.quantization, cfg.group_size)
+        if self.device.type == "cpu":  # kernel layouts for this CPU, made once (cpu_linear.py)
+            pack_for_cpu(model_)
         self.kv_bytes_per_token = int(self.model_config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8))
         num_blocks = cfg.num_kv_blocks or max(1, (cfg.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES[
             self.device.type]) // (self.kv_bytes_per_token * cfg.block_size))

@@ -6,7 +6,7 @@ longest member ends. Finished sequences ride along, computing tokens nobody
 reads, because the batch's shape is fixed. Sequence b's prompt sits at
 positions 0..len_b-1 and each later token at the next position; padding slots
 are never attended to, because a query only sees keys at positions <= its own
-(see model.causal_mask).
+(see kv_cache.causal_mask).
 
 StaticScheduler and StaticModelRunner have the same interface as Scheduler and
 ModelRunner, so LLMEngine runs the same step for both: set the two files side
@@ -19,8 +19,7 @@ from collections import deque
 
 import torch
 
-from .kv_cache import KVCache
-from .model import AttentionMetadata, causal_mask
+from .kv_cache import AttentionMetadata, KVCache, causal_mask
 from .model_runner import ModelOutput, PromptLogits
 from .sampling import SamplerOutput
 from .scheduler import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats, record_queue_stats

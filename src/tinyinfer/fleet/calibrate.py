@@ -21,7 +21,7 @@ import torch
 
 from ..hardware import best_time
 from ..forward import forward_hidden, new_cache
-from ..model import AttentionMetadata
+from ..kv_cache import AttentionMetadata
 from .cost import StepCostModel
 
 
