@@ -85,8 +85,10 @@ def cmake_command(build: str, src: Path, out: Path, generator: str | None) -> li
     return cmd + [*COMMON_OPTIONS, *BUILDS[build]]
 
 
-def missing_tools(which=shutil.which, env=os.environ) -> list[str]:
+def missing_tools(which=None, env=None) -> list[str]:
     """What the build needs and this machine lacks: 'cmake', 'a C++ compiler'."""
+    which = which or shutil.which  # looked up at call time, so a test can replace it
+    env = os.environ if env is None else env
     missing = [] if which("cmake") else ["cmake"]
     compilers = [env["CXX"]] if env.get("CXX") else ["c++", "g++", "clang++"]
     if not any(which(c) for c in compilers):

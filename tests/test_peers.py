@@ -255,6 +255,12 @@ def test_llama_cpp_build_says_what_it_needs(tmp_path, monkeypatch):
     assert llama_server.missing_tools(which=lambda name: None, env={}) == ["cmake", "a C++ compiler"]
     assert llama_server.missing_tools(which=lambda name: name == "cmake", env={"CXX": "clang++"}) == \
         ["a C++ compiler"]
+
+    def never(*a, **k):
+        raise AssertionError("the test tried to download or build llama.cpp")
+
+    monkeypatch.setattr(llama_server, "fetch_sdist", never)  # whatever happens, nothing is built here
+    monkeypatch.setattr(llama_server.subprocess, "run", never)
     monkeypatch.setattr(llama_server.shutil, "which", lambda name: None)
     with pytest.raises(SystemExit, match="cmake and a C\\+\\+ compiler not found: .*apt-get install cmake g\\+\\+"):
         llama_server.ensure_llama_server("native", root=tmp_path)
