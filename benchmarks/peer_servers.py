@@ -79,9 +79,16 @@ def serve_vllm(py: Path, folder: Path, name: str, threads: int = 2, dtype: str =
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name", name,
            "--dtype", dtype, "--max-model-len", "4096", "--host", "127.0.0.1", "--port", str(port)]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_OMP_THREADS_BIND=vllm_cpu_bind(threads))
     env.pop("VIRTUAL_ENV", None)
     return serve(cmd, port, env, startup_timeout_s=900, name="vLLM")
+
+
+def vllm_cpu_bind(threads: int) -> str:
+    """vLLM CPU's thread list: the first `threads` CPUs, as many threads as the other servers get.
+    vLLM ignores OMP_NUM_THREADS; by default ('auto') it keeps one core per worker for its
+    scheduler and binds the rest, so on 2 cores it would compute on 1 thread."""
+    return "0" if threads == 1 else f"0-{threads - 1}"
 
 
 def llama_server_command(binary: Path, gguf: Path, name: str, threads: int, port: int, slots: int,
@@ -117,7 +124,8 @@ def gguf_tensor_bytes(path: Path) -> int:
 
 def _vllm(dtype: str):
     def start(ctx: Context, key: str):
-        ctx.info[key] = dict(version=f"vllm-cpu {VLLM_VERSION}", command=f"--dtype {dtype} --max-model-len 4096")
+        ctx.info[key] = dict(version=f"vllm-cpu {VLLM_VERSION}", command=f"--dtype {dtype} --max-model-len 4096 "
+                             f"(VLLM_CPU_OMP_THREADS_BIND={vllm_cpu_bind(ctx.threads)})")
         return serve_vllm(ensure_vllm(), model_folder(), MODEL, ctx.threads, dtype)
     return start
 

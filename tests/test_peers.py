@@ -236,6 +236,18 @@ def test_engine_selection_and_arguments():
         script.parse_args(["--concurrency", "1,8", "--num-prompts", "4"])
 
 
+def test_server_commands_give_every_engine_the_same_threads_and_slots():
+    import peer_servers
+
+    cmd = peer_servers.llama_server_command(Path("llama-server"), Path("m.gguf"), "smollm2-135m-instruct",
+                                            threads=2, port=8080, slots=32, slot_tokens=256)
+    flags = dict(zip(cmd[1::2], cmd[2::2]))
+    assert flags["--threads"] == flags["--threads-batch"] == "2" and flags["--parallel"] == "32"
+    assert flags["--ctx-size"] == str(32 * 256)  # the context is shared by the slots: room for each
+    assert flags["--n-gpu-layers"] == "0" and flags["--host"] == "127.0.0.1" and "--no-webui" in cmd
+    assert peer_servers.vllm_cpu_bind(1) == "0" and peer_servers.vllm_cpu_bind(4) == "0-3"
+
+
 def test_llama_cpp_builds_native_or_avx2_only():
     import llama_server
 
