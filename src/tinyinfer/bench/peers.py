@@ -174,9 +174,11 @@ def row_name(report: dict, key: str) -> str:
 
 def header(report: dict) -> str:
     m = report["meta"]
-    where = "stored copy" if report.get("stored") else "this machine's `make peers`"
+    # The stored copy by its name (its folder is wherever the package was installed).
+    where = (f"stored copy: tinyinfer/data/{Path(report['source']).name}" if report.get("stored")
+             else f"this machine's `make peers`: {report.get('source', '?')}")
     lines = [f"{m.get('cpu', 'unknown CPU')}, {m.get('cores', '?')} cores, {m.get('threads', '?')} threads per "
-             f"server, {m.get('date', 'no date')} ({where}: {report.get('source', '?')})",
+             f"server, {m.get('date', 'no date')} ({where})",
              f"Vector units: {units_text(m)}."]
     if m.get("bandwidth_gb_s"):
         lines[-1] += f" Measured read bandwidth {m['bandwidth_gb_s']:.1f} GB/s."
