@@ -217,6 +217,9 @@ def write_readme(root: Path | None = None) -> Path:
               f"  {build_dir('native', root)}/bin/llama-bench -m {gguf} -t 2 -p 128 -n 64 -ngl 0",
               f"  {build_dir('native', root)}/bin/llama-server -m {gguf} -t 2 -tb 2 -c 16384 -np 32 -ngl 0 "
               "--port 8080",
+              "", "On a machine busy with other jobs, time with -t 1: ggml's threads meet at a barrier after",
+              "every operation, and one thread descheduled stalls the other. Measured here (2 cores, load",
+              "average 16, llama-bench -p 0 -n 32 -r 2): 13.7-14.0 tok/s at -t 1, 0.6-0.9 tok/s at -t 2.",
               "", "Build the AVX2-only variant (a laptop's instructions on an AVX-512 machine):",
               "  .venv/bin/python benchmarks/llama_server.py --build avx2", ""]
     path = root.parent / "LLAMA_CPP_README.txt"
