@@ -5,6 +5,8 @@
 #   make test    run the whole test suite (engine, labs, notebooks, book build)
 #   make lab     JupyterLab on labs/
 #   make labs    regenerate labs/ from solutions/
+#   make record  re-execute every solution, in order, on this engine (then make labs); idle machine!
+#   make test-portable  the strict notebooks under another CPU's kernels (AVX2, then none)
 #   make peers   tinyinfer serve beside vLLM CPU on this machine (installs vLLM, 3.4 GB, once, outside the repo)
 #   make clean   remove _build/
 #
@@ -33,7 +35,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book vendor test lab labs peers clean
+.PHONY: book vendor test test-portable lab labs record peers clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -77,6 +79,25 @@ lab: $(STAMP)
 
 labs: $(STAMP)
 	$(PY) scripts/make_labs.py
+
+# The strict notebooks (solutions/, every stored output compared) under two other
+# CPUs' kernels, emulated on this one: an AVX2 laptop without AVX-512, then no
+# vector units at all (2-5x slower). Stored outputs must hold on every CPU; a
+# failure here is a cell that prints digits a different summation order can move.
+AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+NO_VECTOR_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
+test-portable: $(STAMP)
+	$(AVX2_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
+	$(NO_VECTOR_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
+
+# Re-record the solutions: each is executed in place, in order (lab 4 loads what
+# lab 3 kept), on RECORD_THREADS threads, stamped with the engine's fingerprint
+# (tests/test_recorded.py fails when a stamp is stale), and the labs are written
+# again. Refuses while src/tinyinfer has uncommitted changes: the stamp would name
+# an engine no commit has (ALLOW_DIRTY=1 records anyway). Run it on an idle machine:
+# the timings it stores are the ones the site shows.
+record: $(STAMP)
+	$(PY) scripts/make_labs.py --execute $(if $(ALLOW_DIRTY),,--require-clean-engine)
 
 # Not part of `make test`: it downloads vLLM CPU into ~/.cache/tinyinfer on first
 # use and takes about 15 minutes on a 2-core machine. The table lands in _build/peers.json.

@@ -15,6 +15,34 @@ Conventions in a solution notebook:
   self-contained: an exercise cell imports what it uses, and a check cell uses
   only `labcheck` and what the exercise defines, so tests can run each pair
   alone.
+- A markdown cell tagged `why` asks the reader to explain a result in writing
+  ("why the gap?"). After every cell that calls `labcheck.compare_prediction`,
+  a `why` cell comes before the next code cell, not counting cells that only
+  draw a figure (their source calls `plt.show()`). It holds the question, then
+  our answer as a folded MyST admonition, exactly:
+
+      **Why?** Where do the 46,080 bytes come from?
+
+      ```{admonition} Our answer
+      :class: dropdown
+      Two tensors (keys and values) per layer, ...
+      ```
+
+  In the lab the admonition is removed and the reader finds
+  "*Your answer:* double-click to write here" in its place; on the site the
+  answer is folded under its title. The question stays above the answer, and
+  the answer is the cell's only admonition.
+- A code cell tagged `quiz` asks for a number or a choice the reader works out
+  from what the lab printed: lines `name = expression  # comment`, one per
+  question. In the solution the expression computes the answer from the run
+  (`kv_mib = llm.llm_engine.kv_bytes_per_token * 8192 / 2**20`, or
+  `winner = "int4" if t_int4 < t_bf16 else "bf16"`), never a literal, so the
+  stored output holds on every machine; in the lab each becomes None, as in a
+  prediction. The next code cell is tagged `check` and grades each name with
+  `labcheck.grade_answer(what, name, expected, rel_tol=..., explain=...)`,
+  which prints ✓, or ✗ with the expected value and `explain`. In the lab that
+  check cell's source starts folded (JupyterLab's `source_hidden`), since it
+  shows how the answer is computed.
 
 Labs are written unexecuted (outputs cleared) with fixed notebook metadata, so
 regenerating them is byte-for-byte stable.
@@ -23,9 +51,10 @@ The site shows the solutions, not the labs (see _toc.yml): a self-study reader
 gets a worked answer for every exercise, folded away until asked for. So this
 script also keeps three things in each solution up to date (`prepare_solution`):
 exercise cells are tagged `hide-input` with the toggle "Show the worked
-solution", prediction cells likewise with "Show our prediction", and a note
-after the title says how to open the lab itself. The lab gets none of these: its
-tags are removed, and it says instead where the worked solutions are.
+solution", prediction cells likewise with "Show our prediction" and quiz cells
+with "Show our answer", and a note after the title says how to open the lab
+itself. The lab gets none of these: its tags are removed, and it says instead
+where the worked solutions are.
 
 Colab: every lab starts (after its title cell) with an "Open in Colab" badge and
 a cell that installs the course when, and only when, it runs in Colab. Both are
@@ -42,14 +71,23 @@ buttons instead, and the site loads no image from the internet.
 --execute runs the solutions in order, as a learner would, on a fixed number of
 threads (RECORD_THREADS, or $OMP_NUM_THREADS if set) and with a fresh engine
 folder, so lab 4 loads the sampler that lab 3 kept, and so on. Run it on an idle
-machine: the timings it records are the ones the site shows.
+machine: the timings it records are the ones the site shows. `make record` runs
+it for every solution, and refuses while the engine has uncommitted changes.
+
+Each executed solution stores the fingerprint of the engine it ran on
+(engine_fingerprint(): the engine's source, not its checks) in its metadata,
+under "tinyinfer". tests/test_recorded.py fails when a solution's fingerprint is
+not today's engine's, so stale timings and texts cannot stay on the site unseen.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
+import hashlib
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,7 +109,13 @@ SOLUTION_NOTE_ID, LAB_NOTE_ID = "solution-note", "solutions-note"
 HIDDEN = {  # cell tag -> the toggle's label on the site
     "exercise": ("Show the worked solution", "Hide the worked solution"),
     "prediction": ("Show our prediction", "Hide our prediction"),
+    "quiz": ("Show our answer", "Hide our answer"),
 }
+# A `why` cell's model answer: a MyST admonition (``` or ::: fence), folded on the site.
+WHY_ANSWER = re.compile(r"^(?P<fence>`{3,}|:{3,})\{admonition\}[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$\n?", re.M | re.S)
+WHY_PROMPT = "*Your answer:* double-click to write here"
+QUIZ_GRADER = "labcheck.grade_answer("
+FIGURE = "plt.show()"  # a code cell that draws a figure, which a `why` cell may follow
 
 COLAB_MARKER = '"google.colab" in sys.modules'
 # Packages a lab may import that are neither tinyinfer's own dependencies nor
@@ -228,6 +272,61 @@ def exercise_pairs(nb, where: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def quiz_pairs(nb, where: str) -> list[tuple[int, int]]:
+    """(quiz cell index, check cell index) for every quiz, validated: the next
+    code cell is tagged `check` and grades every name the quiz asks for."""
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    pairs = []
+    for k, i in enumerate(code):
+        if has_tag(nb.cells[i], "quiz"):
+            j = code[k + 1] if k + 1 < len(code) else None
+            if j is None or not has_tag(nb.cells[j], "check") or QUIZ_GRADER not in nb.cells[j].source:
+                raise ValueError(f"{where}: quiz cell {i} must be followed by a code cell tagged 'check' "
+                                 f"that calls {QUIZ_GRADER}...)")
+            graded = nb.cells[j].source[nb.cells[j].source.index(QUIZ_GRADER):]
+            for name in quiz_names(nb.cells[i].source, f"{where} cell {i}"):
+                if not re.search(rf"\b{name}\b", graded):
+                    raise ValueError(f"{where}: the check after quiz cell {i} does not grade {name!r}")
+            pairs.append((i, j))
+    return pairs
+
+
+def quiz_names(source: str, where: str) -> list[str]:
+    """The names a quiz cell asks for, refusing a literal answer (other than the
+    lab's None): it would be right on the machine that recorded it and maybe
+    wrong on the reader's."""
+    names = []
+    for match in PREDICTION_LINE.finditer(source):
+        name, value = match.group(1).split("=")[0].strip(), match.group(2).strip()
+        if not value:
+            raise ValueError(f"{where}: quiz line {match.group(0)!r} has no answer")
+        try:
+            expr = ast.parse(value, mode="eval").body
+        except SyntaxError as e:
+            raise ValueError(f"{where}: quiz line {match.group(0)!r} is not `name = expression`") from e
+        literal = isinstance(expr, ast.Constant) or isinstance(expr, ast.UnaryOp) and isinstance(expr.operand, ast.Constant)
+        if literal and value != "None":  # None: the lab's blank
+            raise ValueError(f"{where}: the quiz answer {name} = {value} is a literal; compute it from the run")
+        names.append(name)
+    if not names:
+        raise ValueError(f"{where}: a 'quiz' cell needs lines `name = expression`")
+    return names
+
+
+def blank_why(source: str, where: str) -> str:
+    """A `why` cell's question without our answer, and a place to write one."""
+    answers = list(WHY_ANSWER.finditer(source))
+    if len(answers) != 1:
+        raise ValueError(f"{where}: a 'why' cell holds its question, then our answer as one "
+                         f"```{{admonition}} Our answer ... ``` block (found {len(answers)})")
+    if not re.search(r"^:class:.*\bdropdown\b", answers[0].group("body"), re.M):
+        raise ValueError(f"{where}: the answer in a 'why' cell needs `:class: dropdown`, or the site shows it unfolded")
+    question = WHY_ANSWER.sub("", source).strip()
+    if not question:
+        raise ValueError(f"{where}: a 'why' cell needs its question above the answer")
+    return f"{question}\n\n{WHY_PROMPT}"
+
+
 def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_name: str | None = None):
     """The lab notebook for a solution notebook (a new object). With `repo`
     (see repository()), it opens with the Colab badge and install cells."""
@@ -237,15 +336,20 @@ def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_na
     lab.cells = [c for c in lab.cells if c.get("id") not in {SOLUTION_NOTE_ID, LAB_NOTE_ID}]
     if repo is not None:
         add_colab_cells(lab, lab_name or where, repo)
+    quiz_checks = {j for _, j in quiz_pairs(lab, where)}  # validates the quiz/check convention
     for i, cell in enumerate(lab.cells):
         tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]  # a site-only tag
         cell.metadata = {"tags": list(tags)} if tags else {}
+        if i in quiz_checks:  # it computes the answer: folded until the reader opens it
+            cell.metadata["jupyter"] = {"source_hidden": True}
+        if cell.cell_type == "markdown" and "why" in tags:
+            cell.source = blank_why(cell.source, f"{where} cell {i}")
         if cell.cell_type != "code":
             continue
         cell.outputs, cell.execution_count = [], None
         if "exercise" in tags:
             cell.source = stub_source(cell.source, f"{where} cell {i}")
-        elif "prediction" in tags:
+        elif "prediction" in tags or "quiz" in tags:
             cell.source = blank_predictions(cell.source, f"{where} cell {i}")
         elif BEGIN in cell.source or END in cell.source:
             raise ValueError(f"{where} cell {i}: solution markers outside an 'exercise' cell would leak")
@@ -256,7 +360,8 @@ PREDICTION_LINE = re.compile(r"^(\s*\w+\s*=\s*)([^#\n]*?)(\s*#.*)?$", re.M)
 
 
 def blank_predictions(source: str, where: str) -> str:
-    """`name = 3.5  # why` -> `name = None  # why`, for every assignment line."""
+    """`name = 3.5  # why` -> `name = None  # why`, for every assignment line
+    (of a prediction cell, or of a quiz cell)."""
     out, n = PREDICTION_LINE.subn(lambda m: m.group(1) + "None" + (m.group(3) or ""), source)
     if n == 0:
         raise ValueError(f"{where}: a 'prediction' cell needs lines `name = value`")
@@ -275,22 +380,95 @@ def lab_texts() -> dict[Path, str]:
         lab = make_lab(solution, solution_path.name, repo, solution_path.name)
         texts[LABS / solution_path.name] = notebook_text(lab)
         prepare_solution(solution, solution_path.name, repo)
-        solution.metadata = copy.deepcopy(METADATA)
+        solution.metadata = solution_metadata(solution.metadata.get(RECORD_KEY))
         texts[solution_path] = notebook_text(solution)
     return texts
 
 
+# ------------------------------------------------ which engine a solution was recorded on
+
+ENGINE = ROOT / "src" / "tinyinfer"
+# Not hashed: the checks (labcheck prints ✓/✗ and case counts, which strict nbval
+# compares anyway), the book's schematics (no lab draws one), and caches. Everything
+# else can change what a solution prints: the server and the CLI too, since lab 8
+# runs `python -m tinyinfer serve`.
+ENGINE_EXCLUDE = ("labcheck", "schematics")
+RECORD_KEY = "tinyinfer"  # the solution's metadata key for what it was recorded on
+
+
+def engine_files(root: Path = ENGINE) -> list[Path]:
+    """The files whose contents make the engine's fingerprint, in a fixed order."""
+    candidates = [*root.rglob("*.py"), *(root / "data").glob("*")]  # code, and the packaged data
+    return sorted(path for path in candidates
+                  if path.is_file() and path.relative_to(root).parts[0] not in ENGINE_EXCLUDE)
+
+
+def _normalised(path: Path) -> bytes:
+    """A .py file's syntax tree (so comments and blank lines, which cannot change
+    an output, do not change the fingerprint; docstrings do, since code can print
+    them); any other file's bytes (data/eval_text.txt is the perplexity text)."""
+    if path.suffix == ".py":
+        try:
+            return ast.dump(ast.parse(path.read_text(encoding="utf-8"))).encode()
+        except SyntaxError:
+            pass  # hash the bytes: the notebooks would not run anyway
+    return path.read_bytes()
+
+
+def engine_fingerprint(root: Path = ENGINE) -> str:
+    """sha256 over the engine's files (engine_files), each with its path."""
+    digest = hashlib.sha256()
+    for path in engine_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(_normalised(path)).digest())
+    return digest.hexdigest()[:16]
+
+
+def git(*args: str) -> str | None:
+    """A git command's output in the repository, or None (no git, not a checkout)."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def engine_changes() -> list[str]:
+    """`git status` lines for uncommitted changes to the fingerprinted engine files."""
+    status = git("status", "--porcelain", "--", str(ENGINE.relative_to(ROOT)),
+                 *[f":(exclude){(ENGINE / name).relative_to(ROOT)}" for name in ENGINE_EXCLUDE])
+    return [line for line in (status or "").splitlines() if line.strip()]
+
+
+def record_metadata() -> dict:
+    """What an executed solution stores about the engine it ran on."""
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if commit and engine_changes():
+        commit += "+uncommitted"
+    return {"engine_fingerprint": engine_fingerprint(), "engine_commit": commit or "unknown"}
+
+
+def solution_metadata(record: dict | None) -> dict:
+    """A solution's notebook metadata: the fixed kernelspec, plus its record (if any)."""
+    metadata = copy.deepcopy(METADATA)
+    if record:
+        metadata[RECORD_KEY] = dict(record)
+    return metadata
+
+
 def execute_solution(path: Path, timeout: int = 600) -> float:
-    """Run a solution top to bottom in place; returns the seconds it took."""
+    """Run a solution top to bottom in place, stamped with the engine it ran on;
+    returns the seconds it took."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    record = record_metadata()  # before the run: the engine that the run imports
     start = time.perf_counter()
     # record_timing=False keeps wall-clock timestamps out of the committed file.
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
-    nb.metadata = copy.deepcopy(METADATA)
+    nb.metadata = solution_metadata(record)
     path.write_text(notebook_text(nb), encoding="utf-8")
     return seconds
 
@@ -313,7 +491,18 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if labs/ differs from what would be written")
     parser.add_argument("--execute", nargs="*", metavar="NN", default=None,
                         help="re-execute solutions/ in place first (all of them, or those whose names start with NN)")
+    parser.add_argument("--require-clean-engine", action="store_true",
+                        help="with --execute: refuse while src/tinyinfer has uncommitted changes (make record)")
+    parser.add_argument("--fingerprint", action="store_true", help="print the engine's fingerprint and exit")
     args = parser.parse_args(argv)
+    if args.fingerprint:
+        print(engine_fingerprint())
+        return 0
+    if args.execute is not None and args.require_clean_engine and engine_changes():
+        print("refusing to record: the engine has uncommitted changes, so the solutions would describe an "
+              "engine no commit has:\n  " + "\n  ".join(engine_changes()) +
+              "\ncommit them first (or run make record ALLOW_DIRTY=1)", file=sys.stderr)
+        return 2
     if args.execute is not None:
         paths = sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb"))
         execute_all([p for p in paths if not args.execute or p.name[:2] in args.execute])

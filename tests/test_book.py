@@ -127,8 +127,9 @@ def test_lab_pages_hide_worked_solutions_and_link_to_the_lab(built: Path) -> Non
         html = (built / f"{page}.html").read_text(encoding="utf-8")
         nb = nbformat.read(source_of(page), as_version=4)
         checks = [c for c in nb.cells if "check" in c.metadata.get("tags", [])]
-        assert checks, f"{page} has no exercise"
-        assert html.count("Show the worked solution") >= len(checks), f"{page}: answers are not folded away"
+        exercises = [c for c in nb.cells if "exercise" in c.metadata.get("tags", [])]
+        assert checks and exercises, f"{page} has no exercise"
+        assert html.count("Show the worked solution") >= len(exercises), f"{page}: answers are not folded away"
         assert "tag_hide-input" in html, page
         for cell in checks:  # what the page shows under each check
             shown = "".join(o.get("text", "") for o in cell.outputs)
@@ -137,6 +138,28 @@ def test_lab_pages_hide_worked_solutions_and_link_to_the_lab(built: Path) -> Non
             assert first in html or html_escape(first, quote=False) in html, f"{page}: {first!r} is not on the page"
         lab = page.replace("solutions/", "labs/")
         assert f"/blob/main/{lab}.ipynb" in html, f"{page} does not link to {lab}.ipynb in Colab"
+
+
+def _folded_admonitions(html: str) -> list[str]:
+    """The titles of the page's dropdown admonitions, which the site shows folded."""
+    found = []
+    for match in re.finditer(r'<div class="([^"]*)"[^>]*>\s*<p class="admonition-title">(.*?)</p>', html, re.S):
+        if {"admonition", "dropdown"} <= set(match.group(1).split()):
+            found.append(re.sub(r"<[^>]+>", "", match.group(2)).strip())
+    return found
+
+
+@pytest.mark.book
+def test_lab_pages_fold_our_written_and_quiz_answers(built: Path) -> None:
+    """Under each `why` question our answer is a folded dropdown, and each quiz
+    answer is folded under "Show our answer" (scripts/make_labs.py)."""
+    for page in [p for p in toc_files() if p.startswith("solutions/")]:
+        html = (built / f"{page}.html").read_text(encoding="utf-8")
+        nb = nbformat.read(source_of(page), as_version=4)
+        whys = [c for c in nb.cells if "why" in c.metadata.get("tags", [])]
+        quizzes = [c for c in nb.cells if "quiz" in c.metadata.get("tags", [])]
+        assert _folded_admonitions(html).count("Our answer") >= len(whys), f"{page}: a why answer is not folded"
+        assert html.count("Show our answer") >= len(quizzes), f"{page}: a quiz answer is not folded"
 
 
 # Attributes through which a page makes the browser fetch something by itself.

@@ -211,3 +211,21 @@ def test_book_shows_a_widget_and_a_plot(site, browser, screenshots: Path) -> Non
         print(f"screenshot: {shot}")
     finally:
         visit.page.close()
+
+
+def test_our_written_answers_are_folded_until_opened(site, browser) -> None:
+    """A `why` question's answer (a dropdown admonition, scripts/make_labs.py)
+    is hidden when the page loads, and shown once its title is clicked."""
+    base, html = site
+    pages = [page for page in toc_files() if page.startswith("solutions/")
+             and 'class="dropdown admonition"' in (html / f"{page}.html").read_text(encoding="utf-8")]
+    assert pages, "no lab page has a folded answer"
+    visit = PageVisit(browser, base, f"{pages[0]}.html")
+    try:
+        answer = visit.page.locator("div.admonition.dropdown", has_text="Our answer").first
+        body = answer.locator("p:not(.admonition-title)").first
+        assert not body.is_visible(), f"{pages[0]}: our answer shows before it is opened"
+        answer.locator(".admonition-title").first.click()
+        body.wait_for(state="visible")
+    finally:
+        visit.page.close()

@@ -1,16 +1,13 @@
-"""Where the lab checks of labs 1, 3, 6, 8, 9 and 10 get their expected values,
-checked against independent sources: literal counts against tiktoken, the
-hand-worked quantization cases against tinyinfer.quant, and the labcheck
-references (the labs' fallbacks, which the checks now refuse) against the
-checks themselves, with the refusal switched off."""
-from unittest import mock
-
+"""Where the lab checks get their expected values, checked against independent
+sources: literal counts against tiktoken, the hand-worked quantization cases
+against tinyinfer.quant, and the answers the labs fall back to (each lab's
+declared fallbacks, which the checks refuse) against the checks themselves,
+with the refusal switched off."""
 import pytest
 import torch
 
-from tinyinfer import labcheck, quant, sampling
-from tinyinfer.bpe import bpe_encode_piece
-from tinyinfer.labcheck import core, quantization, tokens
+from tinyinfer import labcheck, quant
+from tinyinfer.labcheck import quantization, registry, tokens, watch
 
 
 def test_literal_token_counts_are_tiktokens():
@@ -40,26 +37,8 @@ def test_constant_groups_get_code_zero_in_the_engine():
     assert torch.equal(q, torch.zeros(2, 4, dtype=torch.int8)) and bool((scale <= 1e-7).all())
 
 
-FALLBACKS = [  # a check, and the course's own answer that the labs fall back to
-    ("check_bpe_encode_piece", bpe_encode_piece),
-    ("check_count_tokens", labcheck.reference_count_tokens),
-    ("check_compare_tokenizers", labcheck.reference_compare_tokenizers),
-    ("check_temperature", sampling.apply_temperature),
-    ("check_top_k", sampling.apply_top_k),
-    ("check_top_p", sampling.apply_top_p),
-    ("check_repetition_penalty", sampling.apply_repetition_penalty),
-    ("check_sample", labcheck.reference_sample),
-    ("check_quantize_int8", labcheck.reference_quantize_int8),
-    ("check_pack_int4", labcheck.reference_pack_int4),
-    ("check_quantize_int4", labcheck.reference_quantize_int4),
-    ("check_power_of_two", labcheck.reference_power_of_two),
-    ("check_p95_and_goodput", labcheck.reference_p95_and_goodput),
-    ("check_accept_draft_tokens", labcheck.reference_accept_draft_tokens),
-    ("check_parse_tool_call", labcheck.reference_parse_tool_call),
-    ("check_run_agent", labcheck.reference_run_agent),
-    ("check_select_context", labcheck.reference_select_context),
-    ("check_token_costs", labcheck.reference_token_costs),
-]
+# (a check, the course's own answer that its lab falls back to), from every lab's LAB.
+FALLBACKS = registry.fallbacks()
 
 
 @pytest.mark.parametrize("check, answer", FALLBACKS, ids=[c for c, _ in FALLBACKS])
@@ -67,6 +46,5 @@ def test_the_labs_fallbacks_pass_their_checks_when_allowed(check, answer, tmp_pa
     # A lab uses these when the learner's own function has not passed yet, so
     # they must be right; the check refuses them, so the refusal is switched off here.
     monkeypatch.setenv("TINYINFER_MY_ENGINE", str(tmp_path))
-    watch = core._Watch
-    with mock.patch.object(core, "_Watch", lambda forbidden: watch(())):
+    with watch.answers_allowed():
         assert getattr(labcheck, check)(answer) is True, capsys.readouterr().out

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from tinyinfer import labcheck
 
@@ -261,3 +262,205 @@ def test_compare_prediction_never_raises(capsys):
     assert "you predicted 46,080, measured 46,080 (measured / predicted = 1.00)" in capsys.readouterr().out
     labcheck.compare_prediction(0, 3.0, "x")
     assert "= -)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------- why the gap? (issue 25)
+
+# Labs whose predictions still lack a `why` cell: the content team is writing
+# them. Each is expected to fail the rule below (strict: once a lab passes, it
+# must leave this list, so the list cannot go stale).
+WHY_PENDING = {  # one lab per line: each is removed when its why-questions are written
+    "01-tokens",
+    "03-sampling",
+    "04-prefill-decode",
+    "05-kv-cache",
+    "06-quantization",
+    "07-batching",
+    "08-fleets",
+    "09-toolbox",
+    "10-beyond-one-reply",
+    "11-your-engine",
+}
+
+
+def _unexplained_predictions(nb) -> list[int]:
+    """Cells that call compare_prediction with no `why` cell after them before
+    the next code cell that does more than draw a figure (make_labs.py's rule)."""
+    missing = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "compare_prediction(" not in cell.source:
+            continue
+        for later in nb.cells[i + 1:]:
+            if later.cell_type == "markdown" and make_labs.has_tag(later, "why"):
+                break
+            if later.cell_type == "code" and make_labs.FIGURE not in later.source:
+                missing.append(i)
+                break
+        else:
+            missing.append(i)
+    return missing
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(
+    p.stem in WHY_PENDING, strict=True, reason="why-questions not written yet (issue 25 item 3)")]) for p in SOLUTIONS])
+def test_every_prediction_is_followed_by_a_why_question(path):
+    solution = nbformat.read(path, as_version=4)
+    assert not _unexplained_predictions(solution), f"{path.name}: cells {_unexplained_predictions(solution)}"
+
+
+def test_the_why_rule_skips_figures_only():
+    cell, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    why = md("**Why?** ...", metadata={"tags": ["why"]})
+    nb = nbformat.v4.new_notebook(cells=[cell("labcheck.compare_prediction(p, m, 'x')"), cell("plt.plot(x)\nplt.show()"),
+                                         md("Look at the plot."), why, cell("y = 1")])
+    assert _unexplained_predictions(nb) == []
+    nb.cells.insert(1, cell("y = 2"))  # a computation before the question: too late
+    assert _unexplained_predictions(nb) == [0]
+    assert _unexplained_predictions(nbformat.v4.new_notebook(cells=[cell("labcheck.compare_prediction(p, m, 'x')")])) == [0]
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_labs_hold_no_written_answers(path):
+    """A lab's `why` cell keeps the question and offers a place to write; our
+    answer (the folded admonition) is only in the solution."""
+    solution = nbformat.read(path, as_version=4)
+    lab = nbformat.read(ROOT / "labs" / path.name, as_version=4)
+    ours = [c for c in solution.cells if make_labs.has_tag(c, "why")]
+    theirs = [c for c in lab.cells if make_labs.has_tag(c, "why")]
+    assert len(ours) == len(theirs)
+    for cell, lab_cell in zip(ours, theirs):
+        (answer,) = make_labs.WHY_ANSWER.finditer(cell.source)
+        body = [line for line in answer.group("body").splitlines() if line.strip() and not line.startswith(":")]
+        assert body and not any(line.strip() in lab_cell.source for line in body), lab_cell.source
+        assert "{admonition}" not in lab_cell.source and lab_cell.source.endswith(make_labs.WHY_PROMPT)
+        assert lab_cell.source.startswith(make_labs.WHY_ANSWER.sub("", cell.source).strip())
+
+
+def test_a_why_cell_needs_one_folded_answer_after_its_question():
+    answer = "```{admonition} Our answer\n:class: dropdown\nBecause.\n```"
+    assert make_labs.blank_why(f"**Why?** Q\n\n{answer}", "t") == f"**Why?** Q\n\n{make_labs.WHY_PROMPT}"
+    assert make_labs.blank_why(f"Q\n\n:::{answer[3:-3]}:::\n", "t").startswith("Q\n\n*Your answer:*")
+    with pytest.raises(ValueError, match="admonition"):
+        make_labs.blank_why("**Why?** Q, with no answer", "t")
+    with pytest.raises(ValueError, match="admonition"):
+        make_labs.blank_why(f"Q\n\n{answer}\n\n{answer}", "t")
+    with pytest.raises(ValueError, match="dropdown"):
+        make_labs.blank_why("Q\n\n```{admonition} Our answer\nBecause.\n```", "t")  # the site would show it
+    with pytest.raises(ValueError, match="question"):
+        make_labs.blank_why(answer, "t")
+
+
+# ------------------------------------------------------------- graded quizzes (issue 25)
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_quiz_cells_are_blank_in_the_lab_and_graded_after(path):
+    """The solution computes each answer from its run (no literal), the lab
+    holds None in its place, and the next code cell grades it with
+    labcheck.grade_answer (and prints ✓ in the solution)."""
+    solution = nbformat.read(path, as_version=4)
+    lab = nbformat.read(ROOT / "labs" / path.name, as_version=4)
+    pairs, lab_pairs = make_labs.quiz_pairs(solution, path.name), make_labs.quiz_pairs(lab, path.name)
+    assert len(pairs) == len(lab_pairs)
+    for (i, j), (li, lj) in zip(pairs, lab_pairs):
+        names = make_labs.quiz_names(solution.cells[i].source, path.name)
+        lab_names = {}
+        exec(compile(lab.cells[li].source, "<lab quiz>", "exec"), {}, lab_names)
+        assert lab_names == {name: None for name in names}, lab.cells[li].source
+        graded = solution.cells[j].source
+        for name in names:
+            assert re.search(rf"labcheck\.grade_answer\([^\n]*\n?[^\n]*\b{name}\b", graded), (name, graded)
+        shown = "".join(o.get("text", "") for o in solution.cells[j].outputs)
+        assert shown.startswith("✓") and "✗" not in shown, shown
+        assert lab.cells[lj].metadata.get("jupyter", {}).get("source_hidden") is True
+
+
+def test_quiz_cells_refuse_literal_answers_and_ungraded_names():
+    assert make_labs.quiz_names("a = x * 2  # why\nb = 'int4' if t4 < t16 else 'bf16'", "t") == ["a", "b"]
+    for literal in ("a = 3.5", "a = -2", "a = 'int4'"):
+        with pytest.raises(ValueError, match="literal"):
+            make_labs.quiz_names(literal, "t")
+    with pytest.raises(ValueError, match="quiz"):
+        make_labs.quiz_names("# a comment only", "t")
+    cell, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    quiz = cell("a = x * 2\nb = y + 1", metadata={"tags": ["quiz"]})
+    graded = cell("ok = labcheck.grade_answer('a', a, 2 * x)", metadata={"tags": ["check"]})
+    with pytest.raises(ValueError, match="does not grade 'b'"):
+        make_labs.quiz_pairs(nbformat.v4.new_notebook(cells=[quiz, graded]), "t")
+    with pytest.raises(ValueError, match="tagged 'check'"):
+        make_labs.quiz_pairs(nbformat.v4.new_notebook(cells=[quiz, md("text"), cell("print(a)")]), "t")
+    both = cell("ok = labcheck.grade_answer('a', a, 2 * x) and labcheck.grade_answer('b', b, y + 1)",
+                metadata={"tags": ["check"]})
+    assert make_labs.quiz_pairs(nbformat.v4.new_notebook(cells=[quiz, both]), "t") == [(0, 1)]
+
+
+def test_grade_answer_passes_right_numbers_and_choices(capsys):
+    assert labcheck.grade_answer("KV cache (MiB)", 361.0, 360.0, rel_tol=0.01) is True
+    assert capsys.readouterr().out == "✓ KV cache (MiB): right (within 1%)\n"
+    assert labcheck.grade_answer("share", 0.104, 0.1, rel_tol=0, abs_tol=0.005) is True
+    assert labcheck.grade_answer("n", 7, 7.0, rel_tol=0) is True
+    assert labcheck.grade_answer("t", torch.tensor(0.5), 0.5) is True  # a 0-d tensor is a number
+    assert labcheck.grade_answer("winner", " INT4 ", "int4", options=["int4", "bf16"]) is True
+    assert capsys.readouterr().out.splitlines() == [
+        "✓ share: right (within ±0.005)", "✓ n: right (exactly)", "✓ t: right (within 5%)", "✓ winner: right"]
+
+
+def test_grade_answer_prints_no_measured_digits_when_right(capsys):
+    """Solutions compute answer and expected from their own run: the ✓ line must
+    not depend on the values, or strict nbval would fail on another machine."""
+    for value in (0.31, 0.47, 123.4):
+        assert labcheck.grade_answer("fraction of the bound", value, value * 1.001) is True
+    lines = capsys.readouterr().out.splitlines()
+    assert len(set(lines)) == 1 and not re.search(r"\d", lines[0].replace("5%", "")), lines
+
+
+@pytest.mark.parametrize("answer, expected, kwargs, said", [
+    (340.0, 360.0, {"rel_tol": 0.05}, "you answered 340, expected 360 (within 5%)"),  # off by more than 5%
+    (0.2, 0.1, {"rel_tol": 0, "abs_tol": 0.05}, "expected 0.1 (within ±0.05)"),
+    ("360", 360.0, {}, "answer with a number, not str '360'"),  # wrong type
+    (True, 1.0, {}, "answer with a number, not bool"),
+    (torch.ones(3), 1.0, {}, "answer with a number, not Tensor"),
+    ("bf16", "int4", {"options": ["int4", "bf16"]}, "you chose 'bf16'; the answer is 'int4'"),  # wrong option
+    ("fp8", "int4", {"options": ["int4", "bf16"]}, "'fp8' is not one of the options"),
+    (4, "int4", {"options": ["int4", "bf16"]}, "answer with one of ['int4', 'bf16'] (a string), not int 4"),
+])
+def test_grade_answer_fails_wrong_answers_with_the_expected_value_and_why(answer, expected, kwargs, said, capsys):
+    assert labcheck.grade_answer("q", answer, expected, explain="Because of this.", **kwargs) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗ q: ") and said in out and out.endswith("\n    Because of this.\n"), out
+
+
+def test_grade_answer_reminds_on_none_and_never_raises(capsys):
+    assert labcheck.grade_answer("q", None, 3.0) is False
+    assert "no answer yet" in capsys.readouterr().out
+    for expected in (float("nan"), None, object()):  # the course's mistake, still no exception
+        assert labcheck.grade_answer("q", 1.0, expected) is False
+        assert capsys.readouterr().out.startswith("✗ q: could not be graded")
+
+
+MINUTES = re.compile(r"\babout (\d+) minutes\b", re.I)
+MINUTES_PENDING = {  # one lab per line: each is removed when its first page gives its minutes
+    "01-tokens",
+    "02-attention",
+    "03-sampling",
+    "04-prefill-decode",
+    "05-kv-cache",
+    "06-quantization",
+    "07-batching",
+    "08-fleets",
+    "09-toolbox",
+    "10-beyond-one-reply",
+    "11-your-engine",
+}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(
+    p.stem in MINUTES_PENDING, strict=True, reason="minutes estimate not written yet (issue 25 item 2)")])
+    for p in SOLUTIONS])
+def test_first_page_says_how_many_minutes_and_at_most_about_ninety(path):
+    """The lab's first cell says "about N minutes" (a competent student, first
+    attempt), and no lab asks for much more than an hour and a half."""
+    first = nbformat.read(path, as_version=4).cells[0].source
+    found = MINUTES.search(first)
+    assert found, f"{path.name}: the first cell should say 'about N minutes'"
+    assert int(found.group(1)) <= 95, f"{path.name}: {found.group(0)}; split or trim the lab (issue 25 item 2)"

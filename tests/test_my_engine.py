@@ -1,5 +1,5 @@
 """The machinery behind "your own engine": checks refuse the course's own
-answers (labcheck.core._Watch), and a passing exercise cell is kept for later
+answers (labcheck.watch), and a passing exercise cell is kept for later
 labs and loaded back (labcheck.my_engine)."""
 import linecache
 import sys

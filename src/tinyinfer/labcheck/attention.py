@@ -9,7 +9,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import Case, _report
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..model import LlamaForCausalLM, apply_rope, rope_tables
+from ..paged_kv_cache import PagedKVCache
+from .core import Case, run_check
+from .registry import Lab
 
 # Random inputs are N(0, 1); a correct fp32 answer lands within ~1e-6 of the
 # engine's, a wrong one is off by O(0.1) or more. The slack covers correct code
@@ -32,9 +37,6 @@ def _randn(*shape, seed: int) -> torch.Tensor:
 def _engine_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """The engine's RoPE: its cos/sin tables for a config of this head size,
     read at `positions`, applied by model.apply_rope."""
-    from ..config import ModelConfig
-    from ..model import apply_rope, rope_tables
-
     d = x.shape[-1]
     config = ModelConfig(vocab_size=1, hidden_size=d, intermediate_size=1, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, head_dim=d,
@@ -78,10 +80,8 @@ def _rope_cases() -> list[Case]:
 def check_rope(rope) -> bool:
     """rope(x [B, heads, T, D], positions [T], theta) -> x rotated, [B, heads, T, D],
     against the engine's rope_tables + apply_rope."""
-    from ..model import LlamaForCausalLM, apply_rope, rope_tables
-
     forbidden = (reference_rope, apply_rope, rope_tables, LlamaForCausalLM.rope_at)
-    return _report("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep="rope")
+    return run_check("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep=("rope", rope))
 
 
 # ------------------------------------------------------------------ attention
@@ -144,10 +144,13 @@ def check_causal_gqa_attention(causal_gqa_attention) -> bool:
     -> [B, H, Tq, D], Tq <= Tk, the queries being the last Tq positions; against
     torch's scaled_dot_product_attention with an explicit mask. Writing it with
     that kernel, or with the course's own answer, is refused."""
-    from ..kv_cache import KVCache
-    from ..paged_kv_cache import PagedKVCache
-
     forbidden = (F.scaled_dot_product_attention, reference_causal_gqa_attention, KVCache.attend,
                  PagedKVCache.attend)
-    return _report("causal_gqa_attention", causal_gqa_attention, _attention_cases, same=_close,
-                   forbidden=forbidden, keep="attention")
+    return run_check("causal_gqa_attention", causal_gqa_attention, _attention_cases, same=_close,
+                     forbidden=forbidden, keep=("attention", causal_gqa_attention))
+
+
+LAB = Lab(2, "attention",
+          exports=("check_rope", "check_causal_gqa_attention", "reference_rope", "reference_causal_gqa_attention"),
+          pieces={"rope": "reference_rope", "attention": "reference_causal_gqa_attention"},
+          fallbacks={"check_rope": reference_rope, "check_causal_gqa_attention": reference_causal_gqa_attention})

@@ -4,15 +4,18 @@ The learner writes a class with the shape of ReferenceBlockAllocator below
 (allocate, append, fork and free over a pool of blocks with reference counts).
 The check plays scripts of operations against it and, after each operation,
 compares the allocator's state with tinyinfer's BlockManager's (prefix cache
-off). Block ids are free to
-differ: tables are compared after renaming blocks in order of first use, so
-any allocator that shares, counts and frees the same way passes.
+off; fixtures.EngineAllocator). Block ids are free to differ: tables are
+compared after renaming blocks in order of first use, so any allocator that
+shares, counts and frees the same way passes.
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .core import Case, _report
+from ..block_manager import BlockManager
+from .core import Case, run_check
+from .fixtures import EngineAllocator
+from .registry import Lab
 
 # ---------------------------------------------------------------- lab 7: batching
 
@@ -127,40 +130,13 @@ def _describe(num_blocks: int, block_size: int, ops: list[tuple]) -> str:
     return f"BlockAllocator(num_blocks={num_blocks}, block_size={block_size}); {calls}  -> state after the last call"
 
 
-class _EngineAllocator:
-    """tinyinfer's BlockManager (prefix cache off) behind the exercise's
-    interface: where the check's expected states come from."""
-
-    def __init__(self, num_blocks: int, block_size: int):
-        from ..block_manager import BlockManager
-
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.block_size, self.block_tables, self.num_tokens = block_size, self.bm.block_tables, self.bm.num_slots
-
-    ref_count = property(lambda self: [b.ref_count for b in self.bm.blocks])
-    free_blocks = property(lambda self: list(self.bm.free_block_ids))
-
-    def allocate(self, seq_id, num_tokens):
-        self.bm.allocate(seq_id, [], num_tokens)
-
-    def append(self, seq_id):
-        copies = self.bm.append_slots(seq_id, self.bm.num_slots[seq_id] + 1)
-        return copies[0] if copies else None
-
-    def fork(self, parent_id, child_id):
-        self.bm.fork(parent_id, child_id)
-
-    def free(self, seq_id):
-        self.bm.free(seq_id)
-
-
 def _allocator_cases() -> list[Case]:
     cases = []
     for num_blocks, block_size, ops in _SCRIPTS:
         for k in range(1, len(ops) + 1):
             script = ops[:k]
             cases.append(Case((num_blocks, block_size, script),
-                              _play(_EngineAllocator, num_blocks, block_size, script),
+                              _play(EngineAllocator, num_blocks, block_size, script),
                               _describe(num_blocks, block_size, script)))
     return cases
 
@@ -168,17 +144,10 @@ def _allocator_cases() -> list[Case]:
 def check_block_allocator(cls) -> bool:
     """cls(num_blocks, block_size) -> an allocator with allocate, append, fork and
     free; its state after every call against tinyinfer's BlockManager's."""
-    from ..block_manager import BlockManager
-
-    ok = _report("block_allocator", lambda n, bs, ops: _play(cls, n, bs, ops), _allocator_cases,
-                 forbidden=(ReferenceBlockAllocator, BlockManager))
-    return _keep(ok, "BlockAllocator", cls)
+    return run_check("block_allocator", lambda n, bs, ops: _play(cls, n, bs, ops), _allocator_cases,
+                     forbidden=(ReferenceBlockAllocator, BlockManager), keep=("BlockAllocator", cls))
 
 
-def _keep(ok: bool, piece: str, obj) -> bool:
-    """_report's keep= would keep the wrapper the check runs; keep the learner's own."""
-    if ok:
-        from . import my_engine
-
-        my_engine.keep(piece, obj)
-    return ok
+LAB = Lab(7, "batching and scheduling", exports=("check_block_allocator", "ReferenceBlockAllocator"),
+          pieces={"BlockAllocator": "ReferenceBlockAllocator"},
+          fallbacks={"check_block_allocator": ReferenceBlockAllocator})

@@ -6,41 +6,37 @@ assembled from each case's script), never computed by the function under test
 or by the engine's own version of it."""
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass
 
-from .core import Case, _report
+from .. import context, cost
+from .. import tools as agent_tools
+from .core import Case, run_check
+from .registry import Lab
 
 # ---------------------------------------------------------------- references (the engine's own)
 
 
 def reference_parse_tool_call(text):
     """The course's answer to lab 10's parse_tool_call exercise."""
-    from ..tools import parse_tool_call
-
-    return parse_tool_call(text)
+    return agent_tools.parse_tool_call(text)
 
 
 def reference_run_agent(generate, tools, messages, max_passes=4):
     """The course's answer to lab 10's run_agent exercise."""
-    from ..tools import run_agent
-
-    return run_agent(generate, tools, messages, max_passes)
+    return agent_tools.run_agent(generate, tools, messages, max_passes)
 
 
 def reference_select_context(chunks, question, budget_tokens, count_tokens):
     """The course's answer to lab 10's select_context exercise."""
-    from ..context import select_context
-
-    return select_context(chunks, question, budget_tokens, count_tokens)
+    return context.select_context(chunks, question, budget_tokens, count_tokens)
 
 
 def reference_token_costs(steps, price_per_hour):
     """The course's answer to lab 10's token_costs exercise."""
-    from ..cost import token_costs
-
-    return token_costs(steps, price_per_hour)
+    return cost.token_costs(steps, price_per_hour)
 
 
 # ---------------------------------------------------------------- exercise 1: parse a tool call
@@ -80,18 +76,14 @@ def check_parse_tool_call(fn) -> bool:
     """fn(text) -> ToolCall(name, arguments) for the first well-formed call, else None."""
     def cases():
         return [Case((text,), want, f"text={text!r}  ({note})") for text, want, note in _CALLS]
-    from .. import tools
-
-    return _report("parse_tool_call", lambda text: _as_call(fn(text)), cases,
-                   forbidden=(reference_parse_tool_call, tools.parse_tool_call))
+    return run_check("parse_tool_call", lambda text: _as_call(fn(text)), cases,
+                     forbidden=(reference_parse_tool_call, agent_tools.parse_tool_call))
 
 
 # ---------------------------------------------------------------- exercise 2: the agent loop
 
 
 def _call(name: str, **arguments) -> str:
-    import json
-
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
@@ -180,15 +172,13 @@ def _expected_agent(question, script, max_passes, tool_messages, answer) -> _Age
 
 def _run_agent_case(fn):
     def run(question, script, max_passes):
-        from ..tools import ModelReply
-
         shown = []
 
         def generate(messages):  # a scripted model that remembers what it was shown
             shown.append([dict(m) for m in messages])
             if len(shown) > len(script):
                 raise RuntimeError(f"the script has only {len(script)} replies")
-            return ModelReply(*script[len(shown) - 1])
+            return agent_tools.ModelReply(*script[len(shown) - 1])
 
         caller = [dict(m) for m in question]
         result = fn(generate, dict(_TOOLS), caller, max_passes)
@@ -205,15 +195,13 @@ def check_run_agent(fn) -> bool:
     """fn(generate, tools, messages, max_passes) -> AgentResult: run the model,
     run every tool it calls, append the result, run it again, until an answer.
     (Calling tinyinfer.tools.parse_tool_call, exercise 1's twin, is allowed here.)"""
-    from .. import tools
-
     def cases():
         return [Case((question, script, max_passes),
                      _expected_agent(question, script, max_passes, tool_messages, answer),
                      f"{note}: {len(script)} scripted replies, max_passes={max_passes}")
                 for question, script, max_passes, tool_messages, answer, note in _AGENT_CASES]
-    return _report("run_agent", _run_agent_case(fn), cases,
-                   forbidden=(reference_run_agent, tools.run_agent, tools.run_tool))
+    return run_check("run_agent", _run_agent_case(fn), cases,
+                     forbidden=(reference_run_agent, agent_tools.run_agent, agent_tools.run_tool))
 
 
 # ---------------------------------------------------------------- exercise 3: choose the context
@@ -261,10 +249,8 @@ def check_select_context(fn) -> bool:
                      f"question={question!r}, budget_tokens={budget}, count_tokens = words per chunk, "
                      f"chunks={chunks if chunks is not _TIMETABLE else 'the six-line timetable'}  ({note})")
                 for chunks, question, budget, want, note in _SELECT_CASES]
-    from .. import context
-
-    return _report("select_context", fn, cases, same=lambda got, want: isinstance(got, list) and got == want,
-                   forbidden=(reference_select_context, context.select_context))
+    return run_check("select_context", fn, cases, same=lambda got, want: isinstance(got, list) and got == want,
+                     forbidden=(reference_select_context, context.select_context))
 
 
 # ---------------------------------------------------------------- exercise 4: cost per token
@@ -312,6 +298,12 @@ def check_token_costs(fn) -> bool:
         return [Case(([dict(s) for s in steps], price), dict(zip(_COST_KEYS, want)),
                      f"price_per_hour={price}, {len(steps)} steps: {note}")
                 for steps, price, want, note in _COST_CASES]
-    from .. import cost
+    return run_check("token_costs", fn, cases, same=_same_costs, forbidden=(reference_token_costs, cost.token_costs))
 
-    return _report("token_costs", fn, cases, same=_same_costs, forbidden=(reference_token_costs, cost.token_costs))
+
+LAB = Lab(10, "beyond one reply",
+          exports=("check_parse_tool_call", "check_run_agent", "check_select_context", "check_token_costs",
+                   "reference_parse_tool_call", "reference_run_agent", "reference_select_context",
+                   "reference_token_costs"),
+          fallbacks={"check_parse_tool_call": reference_parse_tool_call, "check_run_agent": reference_run_agent,
+                     "check_select_context": reference_select_context, "check_token_costs": reference_token_costs})

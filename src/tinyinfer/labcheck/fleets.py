@@ -5,10 +5,12 @@ simulator's PowerOfTwo router and tinyinfer.bench's calculate_metrics."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
-from .core import Case, _report
+from .core import Case, run_check
+from .registry import Lab
 
 # ---------------------------------------------------------------- lab 8: fleets
 
@@ -48,9 +50,7 @@ def _same_picks(got, expected) -> bool:
 def _engine_picks(loads: list[int], seed: int, calls: int) -> list[int]:
     """What the fleet simulator's PowerOfTwo router picks, call after call, for
     replicas with these outstanding counts (ids 0, 1, ...; its rng seeded alike)."""
-    from types import SimpleNamespace
-
-    from ..fleet.router import PowerOfTwo
+    from ..fleet.router import PowerOfTwo  # here, not at the top: tinyinfer.fleet takes a while to import
 
     router = PowerOfTwo(seed)
     replicas = [SimpleNamespace(id=i, outstanding=n) for i, n in enumerate(loads)]
@@ -78,15 +78,15 @@ def check_power_of_two(fn) -> bool:
     # draws differently (with replacement, say) gets different picks.
     from ..fleet.router import PowerOfTwo
 
-    return _report("power_of_two", lambda loads, seed, calls: _replay(fn, loads, seed, calls),
-                   _power_of_two_cases, same=_same_picks, forbidden=(reference_power_of_two, PowerOfTwo))
+    return run_check("power_of_two", lambda loads, seed, calls: _replay(fn, loads, seed, calls),
+                     _power_of_two_cases, same=_same_picks, forbidden=(reference_power_of_two, PowerOfTwo))
 
 
 # --- p95 and goodput -----------------------------------------------------------
 
 
 def _record(i: int, send: float, chunks: list[float], status: str = "ok", tokens: int | None = None):
-    from ..bench.results import RequestRecord
+    from ..bench.results import RequestRecord  # here, not at the top: tinyinfer.bench takes seconds to import
 
     r = RequestRecord(i, prompt_len=32, max_tokens=16, arrival_time=send, send_time=send,
                       chunk_times=list(chunks), status=status)
@@ -146,5 +146,11 @@ def check_p95_and_goodput(fn) -> bool:
     tinyinfer.bench's calculate_metrics."""
     from ..bench.results import Latency, calculate_metrics, is_good
 
-    return _report("p95_and_goodput", fn, _goodput_cases, same=_close,
-                   forbidden=(reference_p95_and_goodput, calculate_metrics, is_good, Latency))
+    return run_check("p95_and_goodput", fn, _goodput_cases, same=_close,
+                     forbidden=(reference_p95_and_goodput, calculate_metrics, is_good, Latency))
+
+
+LAB = Lab(8, "from one machine to a fleet",
+          exports=("check_power_of_two", "check_p95_and_goodput", "reference_power_of_two",
+                   "reference_p95_and_goodput"),
+          fallbacks={"check_power_of_two": reference_power_of_two, "check_p95_and_goodput": reference_p95_and_goodput})

@@ -13,27 +13,12 @@ import functools
 
 import torch
 
-from .core import Case, _report
-
-
-class _Runs:
-    """A check's runner that my_engine.keep takes for the learner's `piece`.
-
-    A check often calls the learner's code through a runner (to count passes,
-    to replay a scenario). _report keeps what it is given, so the runner carries
-    the piece's name and code: keep then saves the cell that defined the piece."""
-
-    def __init__(self, piece, run):
-        self._run = run
-        self.__name__ = getattr(piece, "__name__", "piece")
-        code = getattr(piece, "__code__", None)
-        if code is None and isinstance(piece, type):  # a class: any of its methods knows the cell
-            code = next((f.__code__ for f in vars(piece).values() if hasattr(f, "__code__")), None)
-        if code is not None:
-            self.__code__ = code
-
-    def __call__(self, *args):
-        return self._run(*args)
+from ..kv_cache import KVCache
+from ..llm import LLM
+from ..llm_engine import LLMEngine
+from ..sampling import SamplingParams
+from .core import Case, run_check
+from .registry import Lab
 
 
 # ---------------------------------------------------------------- the course's answer
@@ -42,8 +27,6 @@ class _Runs:
 def reference_generate(model, prompt_ids: list[int], max_tokens: int, sample, stop_ids=(),
                        cache_class=None) -> list[int]:
     """The course's answer to lab 4's generate exercise."""
-    from ..kv_cache import KVCache
-
     cache_class = cache_class or KVCache
     weight = model.model.embed_tokens.weight  # its dtype and device are the activations'
     cache = cache_class(model.config, 1, len(prompt_ids) + max_tokens, weight.dtype, weight.device)
@@ -69,8 +52,6 @@ def _engine():
     """The engine on the course's default model, fp32 on the CPU: the expected
     tokens come from its LLM.generate. Loaded once per process (a few seconds);
     a small KV pool, since the check's requests are short."""
-    from ..llm import LLM
-
     return LLM(dtype="float32", device="cpu", kv_cache_memory_bytes=16 * 2**20)
 
 
@@ -98,8 +79,6 @@ class _CountingCache:
     made: list = []
 
     def __new__(cls, config, batch_size, max_len, dtype, device):
-        from ..kv_cache import KVCache
-
         cls.made.append((batch_size, max_len))
         return KVCache(config, batch_size, max_len, dtype, device)
 
@@ -135,7 +114,7 @@ def _run(generate):
                           *([_CountingCache] if counted_cache else []))
         tokens = [int(t) for t in tokens] if isinstance(tokens, (list, tuple)) else tokens
         return _Outcome(tokens, counting.passes, len(_CountingCache.made) if counted_cache else None)
-    return _Runs(generate, run)
+    return run
 
 
 def _generate_cases() -> list[Case]:
@@ -145,8 +124,6 @@ def _generate_cases() -> list[Case]:
 @functools.lru_cache(maxsize=1)
 def _engine_cases() -> tuple[Case, ...]:
     """The cases, with the engine's tokens: computed once per process."""
-    from ..sampling import SamplingParams
-
     llm = _engine()
     tok, eos = llm.tokenizer, tuple(llm.eos_token_ids)
 
@@ -182,8 +159,9 @@ def check_generate(generate) -> bool:
     them). Greedy, on the course's model, against LLM.generate token for token;
     it must run one pass over the prompt (positions 0..) and then one
     one-token pass per further token, at the next position."""
-    from ..llm import LLM
-    from ..llm_engine import LLMEngine
-
     forbidden = (reference_generate, LLM.generate, LLM.chat, LLM.stream, LLMEngine.step)
-    return _report("generate", _run(generate), _generate_cases, forbidden=forbidden, keep="generate")
+    return run_check("generate", _run(generate), _generate_cases, forbidden=forbidden, keep=("generate", generate))
+
+
+LAB = Lab(4, "prefill and decode", exports=("check_generate", "reference_generate"),
+          pieces={"generate": "reference_generate"}, fallbacks={"check_generate": reference_generate})

@@ -3,14 +3,20 @@ and for a whole KV cache the model runs on (KVCache), both against the engine's
 own tinyinfer.kv_cache.KVCache, which they refuse to be given."""
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .core import Case, _report
-from .generation import _Runs
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..model import AttentionMetadata
+from ..paged_kv_cache import PagedKVCache
+from .attention import reference_causal_gqa_attention
+from .core import Case, run_check
+from .fixtures import tiny_model
+from .registry import Lab
+from .watch import pausing
 
 # ---------------------------------------------------------------- exercise 1: one layer's update
 
@@ -66,15 +72,11 @@ def _run_update(fn):
         result = fn(k_c, v_c, k_new.clone(), v_new.clone(), start)
         keys, values = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
         return _Outcome(keys, values, k_c, v_c, _written(k_cache, k_c))
-    return _Runs(fn, run)
+    return run
 
 
 def _engine_update(k_cache, v_cache, k_new, v_new, start) -> _Outcome:
     """The expected outcome, from the engine's own KVCache.update."""
-    from ..config import ModelConfig
-    from ..kv_cache import KVCache
-    from ..model import AttentionMetadata
-
     B, H, max_len, D = k_cache.shape
     T = k_new.shape[2]
     config = ModelConfig(vocab_size=1, hidden_size=H * D, intermediate_size=1, num_hidden_layers=1,
@@ -112,10 +114,8 @@ def _update_cases() -> list[Case]:
 def check_update_kv_cache(fn) -> bool:
     """fn(k_cache, v_cache, k_new, v_new, start) writes the new keys and values
     at positions start.. in place and returns the visible (keys, values)."""
-    from ..kv_cache import KVCache
-
-    return _report("update_kv_cache", _run_update(fn), _update_cases,
-                   forbidden=(reference_update_kv_cache, KVCache), keep="update_kv_cache")
+    return run_check("update_kv_cache", _run_update(fn), _update_cases,
+                     forbidden=(reference_update_kv_cache, KVCache), keep=("update_kv_cache", fn))
 
 
 # ---------------------------------------------------------------- exercise 2: the whole cache
@@ -124,10 +124,10 @@ def check_update_kv_cache(fn) -> bool:
 class ReferenceKVCache:
     """The course's answer to lab 5's KVCache exercise."""
 
-    # Lab 2's attention and lab 5's update, as functions: the learner's own
-    # where kept, the course's otherwise (set below, once both are defined).
-    attention = None
-    update_kv_cache = None
+    # Lab 2's attention and lab 5's update, as functions. The lab sets its
+    # learner's own where kept (my_engine.load); these are the course's.
+    attention = staticmethod(reference_causal_gqa_attention)
+    update_kv_cache = staticmethod(reference_update_kv_cache)
 
     def __init__(self, config, batch_size: int, max_len: int, dtype, device):
         shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
@@ -148,48 +148,6 @@ class ReferenceKVCache:
                                             v.transpose(1, 2), start)  # [B, Hkv, start + T, D]
         out = self.attention(q.transpose(1, 2), keys, values)  # [B, H, T, D]
         return out.transpose(1, 2).flatten(2)  # [B, T, H*D]
-
-
-def _fallback_pieces():
-    from .attention import reference_causal_gqa_attention
-
-    ReferenceKVCache.attention = staticmethod(reference_causal_gqa_attention)
-    ReferenceKVCache.update_kv_cache = staticmethod(reference_update_kv_cache)
-
-
-_fallback_pieces()
-
-
-def _attention_for_checks(q, k, v):
-    """Causal GQA attention, the queries being the last positions: what the
-    check hands the learner's cache, so the check tests the cache alone."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    Tq, Tk = q.shape[2], k.shape[2]
-    allowed = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-    scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~allowed, float("-inf"))
-    return scores.softmax(-1) @ v
-
-
-def _update_for_checks(k_cache, v_cache, k_new, v_new, start):
-    end = start + k_new.shape[2]
-    k_cache[:, :, start:end], v_cache[:, :, start:end] = k_new, v_new
-    return k_cache[:, :, :end], v_cache[:, :, :end]
-
-
-def _tiny_model(seed: int):
-    """A 2-layer Llama with random weights, grouped-query (4 query heads, 2 KV heads)."""
-    from ..config import ModelConfig
-    from ..model import LlamaForCausalLM
-
-    config = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
-        for p in model.parameters():  # default init is tiny; spread it so every number matters
-            torch.nn.init.normal_(p, std=0.3)
-    return model
 
 
 class _Run:
@@ -223,9 +181,7 @@ class _Run:
 @torch.inference_mode()
 def _play(cache_class, seed, batch, max_len, steps) -> _Run:
     """Run the scenario's steps (token counts, uniform metadata or not) on a fresh cache."""
-    from ..model import AttentionMetadata
-
-    model = _tiny_model(seed)
+    model = tiny_model(seed, init_std=0.3, max_position_embeddings=64)
     cache = cache_class(model.config, batch, max_len, torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(seed)
     start, logits = 0, []
@@ -246,8 +202,6 @@ def _play(cache_class, seed, batch, max_len, steps) -> _Run:
 
 
 def _cache_cases() -> list[Case]:
-    from ..kv_cache import KVCache
-
     rows = [  # seed, batch, max_len, steps [(new tokens, uniform metadata?)], what
         (0, 1, 12, [(5, False)] + [(1, False)] * 4,
          "a prefill of 5 tokens, then 4 decode steps (metadata from the cache)"),
@@ -265,15 +219,18 @@ def _cache_cases() -> list[Case]:
     return cases
 
 
+# What the check hands the learner's cache: the course's attention and update,
+# run with the watch paused (they are the course's answers to other exercises),
+# so the check tests the cache alone.
+_GIVEN = {"attention": staticmethod(pausing(reference_causal_gqa_attention)),
+          "update_kv_cache": staticmethod(pausing(reference_update_kv_cache))}
+
+
 def _run_cache(cls):
     def run(seed, batch, max_len, steps):
-        # Your class, with the check's own attention and update: only the cache is tested here.
-        checked = cls
-        if isinstance(cls, type):
-            checked = type(cls.__name__, (cls,), {"attention": staticmethod(_attention_for_checks),
-                                                  "update_kv_cache": staticmethod(_update_for_checks)})
+        checked = type(cls.__name__, (cls,), dict(_GIVEN)) if isinstance(cls, type) else cls
         return _play(checked, seed, batch, max_len, steps)
-    return _Runs(cls, run)
+    return run
 
 
 def check_kv_cache(cls) -> bool:
@@ -282,12 +239,12 @@ def check_kv_cache(cls) -> bool:
     visible_length(positions), and attend(layer, q, k, v, meta) writes this
     step's keys and values at their positions and attends over the visible ones
     with self.attention. Against the engine's KVCache, on a tiny random model."""
-    import torch.nn.functional as F
-
-    from ..kv_cache import KVCache
-    from ..paged_kv_cache import PagedKVCache
-    from .attention import reference_causal_gqa_attention
-
     forbidden = (KVCache, PagedKVCache, ReferenceKVCache, reference_update_kv_cache, reference_causal_gqa_attention,
                  F.scaled_dot_product_attention)
-    return _report("kv_cache", _run_cache(cls), _cache_cases, forbidden=forbidden, keep="KVCache")
+    return run_check("kv_cache", _run_cache(cls), _cache_cases, forbidden=forbidden, keep=("KVCache", cls))
+
+
+LAB = Lab(5, "the KV cache",
+          exports=("check_update_kv_cache", "check_kv_cache", "reference_update_kv_cache", "ReferenceKVCache"),
+          pieces={"update_kv_cache": "reference_update_kv_cache", "KVCache": "ReferenceKVCache"},
+          fallbacks={"check_update_kv_cache": reference_update_kv_cache, "check_kv_cache": ReferenceKVCache})

@@ -29,24 +29,18 @@ import os
 import sys
 from pathlib import Path
 
+from . import registry
+
 COLAB_DRIVE = Path("/content/drive/MyDrive")
 
-# piece -> (the lab that keeps it, the labcheck name of its reference). The
-# reference is what load() returns until you have kept your own.
-PIECES = {
-    "encode_piece": ("lab 1", None),
-    "rope": ("lab 2", "reference_rope"),
-    "attention": ("lab 2", "reference_causal_gqa_attention"),
-    "sample": ("lab 3", "reference_sample"),
-    "generate": ("lab 4", "reference_generate"),
-    "update_kv_cache": ("lab 5", "reference_update_kv_cache"),
-    "KVCache": ("lab 5", "ReferenceKVCache"),
-    "BlockAllocator": ("lab 7", "ReferenceBlockAllocator"),
-    "schedule": ("lab 7", "reference_schedule"),
-    "prefix_hashes": ("lab 7", "reference_prefix_hashes"),
-    "run_engine": ("lab 7", "reference_run_engine"),
-    "paged_attention": ("lab 11", "reference_paged_attention"),
-}
+
+def __getattr__(name: str):
+    # my_engine.PIECES: piece -> (the lab that keeps it, the labcheck name of its
+    # reference), read from every lab's declaration (registry.py). Computed on
+    # use, not at import: the lab modules import this one.
+    if name == "PIECES":
+        return registry.pieces()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def folder() -> Path:
@@ -76,7 +70,7 @@ def keep(piece: str, obj) -> bool:
     source = cell_source(obj)
     if source is None:
         return False
-    text = (f"# Your {piece}, kept by {PIECES.get(piece, ('a lab',))[0]}'s check: the exercise cell as you\n"
+    text = (f"# Your {piece}, kept by {registry.pieces().get(piece, ('a lab',))[0]}'s check: the exercise cell as you\n"
             f"# wrote it. Change it in that lab and pass the check again to keep a new version.\n\n"
             f"{source.rstrip()}\n\n\n__piece__ = {obj.__name__}\n")
     try:
@@ -95,7 +89,7 @@ def keep(piece: str, obj) -> bool:
 def load(piece: str, quiet: bool = False):
     """Your kept `piece`, or the course's reference when you have none (or it no
     longer imports). Prints which one you got unless quiet."""
-    lab, reference_name = PIECES[piece]
+    lab, reference_name = registry.pieces()[piece]
     path = folder() / f"{piece}.py"
     why = f"pass {lab}'s check to keep yours"
     if path.exists():
@@ -110,13 +104,11 @@ def load(piece: str, quiet: bool = False):
             why = f"yours in {path.name} failed to load: {type(e).__name__}: {e}"
     if reference_name is None:
         raise KeyError(f"{piece!r} has no reference; {why}")
-    from tinyinfer import labcheck
-
     if not quiet:
         print(f"{piece}: the course's reference ({why})")
-    return getattr(labcheck, reference_name)
+    return registry.exports()[reference_name]
 
 
 def status() -> dict[str, str]:
     """piece -> 'yours' or 'reference', for every piece the labs can keep."""
-    return {piece: "yours" if (folder() / f"{piece}.py").exists() else "reference" for piece in PIECES}
+    return {piece: "yours" if (folder() / f"{piece}.py").exists() else "reference" for piece in registry.pieces()}

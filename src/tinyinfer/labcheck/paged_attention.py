@@ -11,9 +11,13 @@ blocks scattered through the pool): the outputs, and the pool afterwards.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from ..config import ModelConfig
+from ..paged_kv_cache import PagedAttentionMetadata, PagedKVCache
 from .attention import reference_causal_gqa_attention
-from .core import Case, _report
+from .core import Case, run_check
+from .registry import Lab
 
 
 def reference_paged_attention(q, k, v, k_pool, v_pool, batch, block_size, attention):
@@ -60,9 +64,6 @@ def _step(rows, block_size, num_blocks, seed):
 
 def _engine(q, k, v, k_pool, v_pool, batch, block_size):
     """tinyinfer's PagedKVCache.attend on the same step: [N, H, D] and the pools."""
-    from ..config import ModelConfig
-    from ..paged_kv_cache import PagedAttentionMetadata, PagedKVCache
-
     H, Hkv, D = q.shape[1], k.shape[1], q.shape[2]
     config = ModelConfig(vocab_size=8, hidden_size=H * D, intermediate_size=8, num_hidden_layers=1,
                          num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D, max_position_embeddings=64)
@@ -109,8 +110,6 @@ def check_paged_attention(paged_attention) -> bool:
     """paged_attention(q, k, v, k_pool, v_pool, batch, block_size, attention) ->
     [N, H, D], writing the new keys and values into the pools, against
     tinyinfer's PagedKVCache.attend; the pools must match afterwards too."""
-    from ..paged_kv_cache import PagedKVCache
-
     def run(q, k, v, k_pool, v_pool, batch, block_size):
         k_pool, v_pool = k_pool.clone(), v_pool.clone()  # the case's own copies stay untouched
         # The course's attention, not the learner's lab-2 one: a lab-2 mistake must not fail lab 11.
@@ -118,7 +117,11 @@ def check_paged_attention(paged_attention) -> bool:
                               [(n, c, list(t)) for n, c, t in batch], block_size, reference_causal_gqa_attention)
         return _Result(out, k_pool, v_pool)
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    return _report("paged_attention", run, _cases, same=_same,
-                   forbidden=(reference_paged_attention, PagedKVCache, sdpa),
-                   keep=("paged_attention", paged_attention))
+    return run_check("paged_attention", run, _cases, same=_same,
+                     forbidden=(reference_paged_attention, PagedKVCache, F.scaled_dot_product_attention),
+                     keep=("paged_attention", paged_attention))
+
+
+LAB = Lab(11, "your engine", exports=("check_paged_attention", "reference_paged_attention"),
+          pieces={"paged_attention": "reference_paged_attention"},
+          fallbacks={"check_paged_attention": reference_paged_attention})

@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from .core import Case, _report
-from .generation import _Runs
+from ..hardware import best_time
+from .core import Case, run_check
+from .registry import Lab
 
 
 def reference_time_step(step, device="cpu", repeats: int = 3) -> float:
@@ -110,7 +111,7 @@ def _run(time_step):
             synced = all(i + 1 < len(ev) and ev[i + 1] == "sync" for i, e in enumerate(ev) if e == "step")
         return _Timing(len(script.taken), float(seconds) if isinstance(seconds, (int, float)) else seconds,
                        min(timed), synced)
-    return _Runs(time_step, run)
+    return run
 
 
 def _cases() -> list[Case]:
@@ -132,7 +133,8 @@ def _cases() -> list[Case]:
 def check_time_step(time_step) -> bool:
     """time_step(step, device="cpu", repeats=3) -> seconds: one warm-up call,
     then the fastest of `repeats` timed calls, synchronizing on a GPU."""
-    from ..hardware import best_time
+    return run_check("time_step", _run(time_step), _cases, same=_same, forbidden=(reference_time_step, best_time))
 
-    return _report("time_step", _run(time_step), _cases, same=_same,
-                   forbidden=(reference_time_step, best_time))
+
+LAB = Lab(4, "prefill and decode", exports=("check_time_step", "reference_time_step"),
+          fallbacks={"check_time_step": reference_time_step})

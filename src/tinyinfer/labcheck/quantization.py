@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from .core import Case, _report
+from .. import quant
+from .core import Case, run_check
+from .registry import Lab
 
 INT4_SCALE_RTOL = 2e-3  # the engine's fp16 scales, rounded up: within about one fp16 step (2**-10)
 INT4_ZERO_ATOL = 0.01  # zeros: the engine's fp16 minimum, rounded down, within 1% of a step
@@ -73,9 +75,7 @@ def _int8_close(got, expected) -> bool:
 
 
 def _engine_int8(w):
-    from ..quant import quantize_int8
-
-    return quantize_int8(w)
+    return quant.quantize_int8(w)
 
 
 def _int8_cases():
@@ -99,22 +99,18 @@ def _int8_cases():
 def check_quantize_int8(quantize_int8) -> bool:
     """quantize_int8(w [rows, cols] float32) -> (q int8 [rows, cols], scale float32 [rows]),
     against tinyinfer.quant.quantize_int8 and two cases worked by hand."""
-    from .. import quant
-
-    return _report("quantize_int8", quantize_int8, _int8_cases, same=_int8_close,
-                   forbidden=(reference_quantize_int8, quant.quantize_int8, quant.Int8Linear))
+    return run_check("quantize_int8", quantize_int8, _int8_cases, same=_int8_close,
+                     forbidden=(reference_quantize_int8, quant.quantize_int8, quant.Int8Linear))
 
 
 def _pack_cases():
-    from ..quant import pack_int4
-
     codes = torch.tensor([[1, 2, 3, 4], [15, 0, 7, 8]], dtype=torch.uint8)
     # By hand: 1 | 2 << 4 = 33, 3 | 4 << 4 = 67, 15 | 0 = 15, 7 | 8 << 4 = 135.
     cases = [Case((codes,), torch.tensor([[33, 67], [15, 135]], dtype=torch.uint8), f"codes = {codes.tolist()}")]
     g = torch.Generator().manual_seed(7)
     for rows, cols in [(3, 8), (5, 64)]:
         c = torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8)
-        cases.append(Case((c,), pack_int4(c), f"codes = random 0..15, shape ({rows}, {cols})"))
+        cases.append(Case((c,), quant.pack_int4(c), f"codes = random 0..15, shape ({rows}, {cols})"))
     return cases
 
 
@@ -125,18 +121,14 @@ def _same_bytes(got, expected) -> bool:
 def check_pack_int4(pack_int4) -> bool:
     """pack_int4(codes uint8 [rows, cols]) -> uint8 [rows, cols/2], against
     tinyinfer.quant.pack_int4 and a case packed by hand."""
-    from .. import quant
-
-    return _report("pack_int4", pack_int4, _pack_cases, same=_same_bytes,
-                   forbidden=(reference_pack_int4, quant.pack_int4))
+    return run_check("pack_int4", pack_int4, _pack_cases, same=_same_bytes,
+                     forbidden=(reference_pack_int4, quant.pack_int4))
 
 
 def _engine_int4(w, group_size):
     """The engine's INT4, codes unpacked and metadata in fp32, as the lab returns them."""
-    from ..quant import quantize_int4, unpack_int4
-
-    packed, scales, zeros = quantize_int4(w, group_size)
-    return unpack_int4(packed), scales.float(), zeros.float()
+    packed, scales, zeros = quant.quantize_int4(w, group_size)
+    return quant.unpack_int4(packed), scales.float(), zeros.float()
 
 
 def _int4_close(got, expected) -> bool:
@@ -181,7 +173,12 @@ def check_quantize_int4(quantize_int4) -> bool:
     """quantize_int4(w, group_size) -> (codes uint8 [rows, cols], scales, zeros
     float32 [rows, cols/group_size]), against tinyinfer.quant.quantize_int4 (see
     the module's docstring for the fp16 differences allowed)."""
-    from .. import quant
+    return run_check("quantize_int4", quantize_int4, _int4_cases, same=_int4_close,
+                     forbidden=(reference_quantize_int4, quant.quantize_int4, quant.Int4Linear))
 
-    return _report("quantize_int4", quantize_int4, _int4_cases, same=_int4_close,
-                   forbidden=(reference_quantize_int4, quant.quantize_int4, quant.Int4Linear))
+
+LAB = Lab(6, "quantization",
+          exports=("check_quantize_int8", "check_pack_int4", "check_quantize_int4", "reference_quantize_int8",
+                   "reference_pack_int4", "reference_quantize_int4"),
+          fallbacks={"check_quantize_int8": reference_quantize_int8, "check_pack_int4": reference_pack_int4,
+                     "check_quantize_int4": reference_quantize_int4})

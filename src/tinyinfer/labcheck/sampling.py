@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import Case, _report
+from .. import sampling as engine
+from .core import Case, run_check
+from .registry import Lab
 
 INF = float("inf")
 NUM_DRAWS = 20_000
@@ -103,9 +105,7 @@ def _same_cut(got, expected: _Cut) -> bool:
 def _engine(*names: str) -> tuple:
     """The engine's own versions of an exercise (tinyinfer.sampling), which the
     check refuses: the named functions, and process_logits, which runs them all."""
-    from .. import sampling
-
-    return tuple(getattr(sampling, name) for name in names + ("process_logits", "processed_probs"))
+    return tuple(getattr(engine, name) for name in names + ("process_logits", "processed_probs"))
 
 
 # ---------------------------------------------------------------- temperature
@@ -121,12 +121,10 @@ TEMPERATURE_CASES = [
 
 
 def _temperature_cases() -> list[Case]:
-    from ..sampling import apply_temperature
-
     cases = []
     for values, t in TEMPERATURE_CASES:
         logits = _t(values)
-        cases.append(Case((lambda f, x=logits, t=t: _call_on_copy(f, x, t),), apply_temperature(logits, t),
+        cases.append(Case((lambda f, x=logits, t=t: _call_on_copy(f, x, t),), engine.apply_temperature(logits, t),
                           f"logits={values}, temperature={t}"))
     return cases
 
@@ -134,8 +132,8 @@ def _temperature_cases() -> list[Case]:
 def check_temperature(fn) -> bool:
     """fn(logits, temperature) -> logits divided by the temperature, against
     tinyinfer.sampling.apply_temperature. The input must not be modified."""
-    return _report("temperature", lambda probe: probe(fn), _temperature_cases, same=_same_logits,
-                   forbidden=_engine("apply_temperature"))
+    return run_check("temperature", lambda probe: probe(fn), _temperature_cases, same=_same_logits,
+                     forbidden=_engine("apply_temperature"))
 
 
 # ---------------------------------------------------------------------- top-k
@@ -154,12 +152,10 @@ TOP_K_CASES = [
 
 
 def _top_k_cases() -> list[Case]:
-    from ..sampling import apply_top_k
-
     cases = []
     for values, k, note in TOP_K_CASES:
         logits = _t(values)
-        cases.append(Case((lambda f, x=logits, k=k: _call_on_copy(f, x, k),), apply_top_k(logits, k),
+        cases.append(Case((lambda f, x=logits, k=k: _call_on_copy(f, x, k),), engine.apply_top_k(logits, k),
                           f"logits={values}, k={k}{note}"))
     return cases
 
@@ -168,8 +164,8 @@ def check_top_k(fn) -> bool:
     """fn(logits, k) -> logits with every score below the k-th highest set to
     -inf (ties with the k-th are kept; k = -1 means off), against
     tinyinfer.sampling.apply_top_k."""
-    return _report("top_k", lambda probe: probe(fn), _top_k_cases, same=_same_logits,
-                   forbidden=_engine("apply_top_k"))
+    return run_check("top_k", lambda probe: probe(fn), _top_k_cases, same=_same_logits,
+                     forbidden=_engine("apply_top_k"))
 
 
 # ---------------------------------------------------------------------- top-p
@@ -191,11 +187,9 @@ TOP_P_CASES = [
 
 
 def _top_p_cases() -> list[Case]:
-    from ..sampling import apply_top_p
-
     cases = []
     for logits, p, note in TOP_P_CASES:
-        expected = _Cut(apply_top_p(logits, p), logits)
+        expected = _Cut(engine.apply_top_p(logits, p), logits)
         probs = [round(x, 3) for x in logits.softmax(-1).tolist()]
         cases.append(Case((lambda f, x=logits, p=p: _call_on_copy(f, x, p),), expected,
                           f"logits={logits!r}, p={p}  (softmax {probs}{'; ' + note if note else ''})"))
@@ -206,8 +200,8 @@ def check_top_p(fn) -> bool:
     """fn(logits, p) -> logits with -inf outside the smallest set of most likely
     tokens whose probabilities sum to at least p, against
     tinyinfer.sampling.apply_top_p (tied tokens may be chosen either way)."""
-    return _report("top_p", lambda probe: probe(fn), _top_p_cases, same=_same_cut,
-                   forbidden=_engine("apply_top_p"))
+    return run_check("top_p", lambda probe: probe(fn), _top_p_cases, same=_same_cut,
+                     forbidden=_engine("apply_top_p"))
 
 
 # ------------------------------------------------------------ repetition penalty
@@ -224,13 +218,11 @@ REPETITION_CASES = [
 
 
 def _repetition_cases() -> list[Case]:
-    from ..sampling import apply_repetition_penalty
-
     cases = []
     for values, seen, penalty, note in REPETITION_CASES:
         logits, ids = _t(values), torch.tensor(seen, dtype=torch.long)
         cases.append(Case((lambda f, x=logits, s=ids, r=penalty: _call_on_copy(f, x, s.clone(), r),),
-                          apply_repetition_penalty(logits, ids, penalty),
+                          engine.apply_repetition_penalty(logits, ids, penalty),
                           f"logits={values}, seen={seen}, penalty={penalty}  ({note})"))
     return cases
 
@@ -239,8 +231,8 @@ def check_repetition_penalty(fn) -> bool:
     """fn(logits, seen_ids, penalty) -> logits where every token in seen_ids has
     its positive score divided by the penalty and its negative score multiplied,
     against tinyinfer.sampling.apply_repetition_penalty."""
-    return _report("repetition_penalty", lambda probe: probe(fn), _repetition_cases, same=_same_logits,
-                   forbidden=_engine("apply_repetition_penalty"))
+    return run_check("repetition_penalty", lambda probe: probe(fn), _repetition_cases, same=_same_logits,
+                     forbidden=_engine("apply_repetition_penalty"))
 
 
 # ------------------------------------------------------------------- sampler
@@ -248,9 +240,7 @@ def check_repetition_penalty(fn) -> bool:
 
 def reference_sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> int:
     """The course's answer to lab 3's sampler exercise, through the engine's own sampler."""
-    from ..sampling import SamplingParams, sample
-
-    return sample(logits, SamplingParams(temperature=temperature), generator)
+    return engine.sample(logits, engine.SamplingParams(temperature=temperature), generator)
 
 
 def chi_square(counts: list[int], probs: list[float]) -> float:
@@ -365,5 +355,14 @@ def check_sample(fn) -> bool:
     only `generator` for randomness. Greedy cases are exact; draws are tested
     with a chi-square test on 20,000 seeded draws per case. Kept as "sample"
     on a pass (later labs' generation loops use it)."""
-    return _report("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample,
-                   forbidden=(reference_sample,) + _engine("sample", "Sampler", "draw"), keep=("sample", fn))
+    return run_check("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample,
+                     forbidden=(reference_sample,) + _engine("sample", "Sampler", "draw"), keep=("sample", fn))
+
+
+LAB = Lab(3, "sampling",
+          exports=("check_temperature", "check_top_k", "check_top_p", "check_repetition_penalty", "check_sample",
+                   "reference_sample"),
+          pieces={"sample": "reference_sample"},
+          fallbacks={"check_temperature": engine.apply_temperature, "check_top_k": engine.apply_top_k,
+                     "check_top_p": engine.apply_top_p, "check_repetition_penalty": engine.apply_repetition_penalty,
+                     "check_sample": reference_sample})

@@ -19,7 +19,9 @@ import operator
 import torch
 
 from ..speculative import accept_draft_tokens as reference_accept_draft_tokens
-from .core import Case, _report
+from ..speculative import verify
+from .core import Case, run_check
+from .registry import Lab
 
 # Target rows p_0..p_3 and draft rows q_0..q_2 for k = 3 drafted positions.
 P = torch.tensor([[0.40, 0.25, 0.15, 0.10, 0.06, 0.04],
@@ -172,11 +174,11 @@ def check_accept_draft_tokens(fn) -> bool:
             return _run_identical(fn, *args)
         return _run_distribution(fn, kind, *args)
 
-    from ..speculative import verify
-
     # labcheck's reference is the engine's own function (tinyinfer.speculative.verify).
-    return _report("accept_draft_tokens", run, _cases, same=_same,
-                   forbidden=(reference_accept_draft_tokens, verify.accept_draft_tokens))
+    return run_check("accept_draft_tokens", run, _cases, same=_same,
+                     forbidden=(reference_accept_draft_tokens, verify.accept_draft_tokens))
 
 
-__all__ = ["check_accept_draft_tokens", "reference_accept_draft_tokens"]
+LAB = Lab(9, "the toolbox: speculative decoding",
+          exports=("check_accept_draft_tokens", "reference_accept_draft_tokens"),
+          fallbacks={"check_accept_draft_tokens": reference_accept_draft_tokens})

@@ -5,7 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from .core import Case, _report
+import regex
+
+from .. import bpe
+from ..tokenizer import TiktokenTokenizer, get_tiktoken_encoding
+from .core import Case, run_check
+from .registry import Lab
 
 # ---------------------------------------------------------------- lab 1: tokens
 
@@ -25,8 +30,6 @@ BPE_CORPUS = [
 
 @lru_cache(maxsize=1)
 def _cl100k():
-    from ..tokenizer import get_tiktoken_encoding
-
     return get_tiktoken_encoding("cl100k_base")
 
 
@@ -44,8 +47,6 @@ def _toy_bpe_cases() -> list[Case]:
 
 
 def _cl100k_bpe_cases() -> list[Case]:
-    import regex
-
     enc = _cl100k()
     cases, seen = [], set()
     for text in BPE_CORPUS:
@@ -61,8 +62,6 @@ def _cl100k_bpe_cases() -> list[Case]:
 def _bpe_answers() -> tuple:
     """The course's own BPE encoders: the engine's, and tiktoken's Python entry
     to its piece encoder (its Rust core is reached only through that method)."""
-    from .. import bpe
-
     answers = (bpe.bpe_encode_piece, bpe.bpe_merge_steps, bpe._lowest_rank_pair)
     try:
         import tiktoken
@@ -75,8 +74,8 @@ def _bpe_answers() -> tuple:
 def check_bpe_encode_piece(encode_piece) -> bool:
     """encode_piece(piece: bytes, ranks: dict[bytes, int]) -> list[int], against
     hand-made toy tables and tiktoken. Kept as "encode_piece" on a pass."""
-    return _report("bpe_encode_piece", encode_piece, lambda: _toy_bpe_cases() + _cl100k_bpe_cases(),
-                   forbidden=_bpe_answers(), keep="encode_piece")
+    return run_check("bpe_encode_piece", encode_piece, lambda: _toy_bpe_cases() + _cl100k_bpe_cases(),
+                     forbidden=_bpe_answers(), keep=("encode_piece", encode_piece))
 
 
 class _CharTokenizer:
@@ -95,8 +94,6 @@ class _WordTokenizer:
 
 
 def _tokenizers() -> dict[str, Any]:
-    from ..tokenizer import TiktokenTokenizer
-
     return {"cl100k": TiktokenTokenizer("cl100k_base"), "chars": _CharTokenizer(), "words": _WordTokenizer()}
 
 
@@ -137,7 +134,7 @@ def _count_cases() -> list[Case]:
 
 def check_count_tokens(count_tokens) -> bool:
     """count_tokens(text, tokenizer) -> int."""
-    return _report("count_tokens", count_tokens, _count_cases, forbidden=(reference_count_tokens,))
+    return run_check("count_tokens", count_tokens, _count_cases, forbidden=(reference_count_tokens,))
 
 
 # The compare check's texts, with their counts under (cl100k, chars, words), as above.
@@ -160,5 +157,13 @@ def _compare_cases() -> list[Case]:
 def check_compare_tokenizers(compare_tokenizers) -> bool:
     """compare_tokenizers(texts: {name: text}, tokenizers: {name: tokenizer})
     -> {text name: {tokenizer name: token count}}."""
-    return _report("compare_tokenizers", compare_tokenizers, _compare_cases,
-                   forbidden=(reference_compare_tokenizers, reference_count_tokens))
+    return run_check("compare_tokenizers", compare_tokenizers, _compare_cases,
+                     forbidden=(reference_compare_tokenizers, reference_count_tokens))
+
+
+LAB = Lab(1, "tokens",
+          exports=("check_bpe_encode_piece", "check_count_tokens", "check_compare_tokenizers",
+                   "reference_count_tokens", "reference_compare_tokenizers", "_cl100k"),
+          pieces={"encode_piece": None},
+          fallbacks={"check_bpe_encode_piece": bpe.bpe_encode_piece, "check_count_tokens": reference_count_tokens,
+                     "check_compare_tokenizers": reference_compare_tokenizers})
