@@ -17,12 +17,25 @@ with the one stored in the file:
 Each notebook runs in its own pytest subprocess: `make test` stays a single
 pytest run with a single summary line, and nbval's options never reach the
 other tests.
+
+The two kinds run side by side, as two streams of one thread each (the course's
+machine has two cores): the solutions in order, sharing one engine folder (lab 4
+loads what lab 3 kept), and the labs in order, in a folder of their own that
+stays empty, as for a learner who has solved nothing. Much of a notebook's time
+is not arithmetic (starting a kernel, imports, loading the model, a server's
+start-up), and the other stream computes meanwhile. Stored outputs hold on any
+CPU and at any thread count, so one thread changes nothing they compare.
+The streams start when the first notebook test runs, with only the notebooks
+this pytest run selected.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -38,10 +51,11 @@ CASES = [pytest.param(p, "--nbval", id=f"strict:{p.relative_to(ROOT)}")
 CASES += [pytest.param(p, "--nbval-lax", id=f"lax:{p.relative_to(ROOT)}")
           for p in sorted((ROOT / "labs").glob("*.ipynb"))]
 
+_RUNS: dict[tuple[Path, str], Future] = {}  # (notebook, mode) -> the finished subprocess
+_LOCK = threading.Lock()
 
-@pytest.mark.notebooks
-@pytest.mark.parametrize("notebook, mode", CASES)
-def test_notebook_runs(notebook: Path, mode: str) -> None:
+
+def run_notebook(notebook: Path, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "pytest", str(notebook.relative_to(ROOT)), mode,
         "--nbval-sanitize-with", str(SANITIZE.relative_to(ROOT)),
@@ -49,9 +63,50 @@ def test_notebook_runs(notebook: Path, mode: str) -> None:
         f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
         "-p", "no:cacheprovider", "-q", "--no-header",
     ]
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NO_COLOR="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=NOTEBOOK_TIMEOUT_S)
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=NOTEBOOK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {NOTEBOOK_TIMEOUT_S} s")
+
+
+def _stream(jobs: list[tuple[Path, str]], env: dict[str, str]) -> None:
+    """Run one stream's notebooks in order, each result into its future."""
+    for key in jobs:
+        try:
+            _RUNS[key].set_result(run_notebook(*key, env))
+        except BaseException as e:  # noqa: BLE001 - the test that waits reports it
+            _RUNS[key].set_exception(e)
+
+
+def start_streams(selected: list[tuple[Path, str]]) -> None:
+    """Start the selected notebooks' streams once: solutions in one, labs in the other."""
+    with _LOCK:
+        if _RUNS:
+            return
+        streams = {mode: [key for key in selected if key[1] == mode] for mode in ("--nbval", "--nbval-lax")}
+        streams = {mode: jobs for mode, jobs in streams.items() if jobs}
+        base = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NO_COLOR="1")
+        if len(streams) > 1:  # side by side: one thread each, so they do not fight over the cores
+            base["OMP_NUM_THREADS"] = "1"
+        for mode, jobs in streams.items():
+            env = dict(base)
+            if mode == "--nbval-lax":  # a learner who has kept nothing yet
+                env["TINYINFER_MY_ENGINE"] = tempfile.mkdtemp(prefix="tinyinfer-unsolved-")
+            for key in jobs:
+                _RUNS[key] = Future()
+            threading.Thread(target=_stream, args=(jobs, env), daemon=True, name=f"notebooks {mode}").start()
+
+
+def _selected(session) -> list[tuple[Path, str]]:
+    return [(item.callspec.params["notebook"], item.callspec.params["mode"])
+            for item in session.items if item.originalname == "test_notebook_runs"]
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("notebook, mode", CASES)
+def test_notebook_runs(notebook: Path, mode: str, request) -> None:
+    start_streams(_selected(request.session))
+    proc = _RUNS[(notebook, mode)].result()
     if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)}\nexit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}",
+        pytest.fail(f"{' '.join(map(str, proc.args))}\nexit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}",
                     pytrace=False)

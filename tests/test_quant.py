@@ -135,6 +135,17 @@ def test_int4_kernel_equals_reference_path(dtype, group_size, inp):
     torch.testing.assert_close(fast.float(), ref.float(), rtol=tol, atol=tol * float(ref.abs().max()))
 
 
+def test_int4_rows_the_kernel_cannot_pack_take_the_reference_path():
+    """torch's int4 packing takes output rows in blocks of 16: a 10-row layer
+    (a lab's small example) builds no kernel layout and still computes."""
+    w = weights(out=10, inp=64)
+    layer = Int4Linear.from_weight(w, 32)
+    assert not layer.has_layout()
+    x = torch.randn(2, 64)
+    want = x @ dequantize_int4(layer.weight, layer.scales, layer.zeros, 32, torch.float32).T
+    torch.testing.assert_close(layer(x), want)
+
+
 def test_quantized_linear_is_close_to_the_original():
     w = weights()
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(0))  # seeded: no dependence on test order

@@ -160,13 +160,17 @@ class QuantizedLinear(PackedModule):
     KIND = ""
 
     def build_layout(self):
-        ok = kernel_available(self.KIND, self.weight.device, self.kernel_dtype)
+        ok = kernel_available(self.KIND, self.weight.device, self.kernel_dtype) and self.kernel_fits()
         layout = self.make_layout(self.kernel_dtype) if ok else dict.fromkeys(self.LAYOUT)
         for name, tensor in layout.items():
             self.register_buffer(name, tensor, persistent=False)
 
     def make_layout(self, dtype) -> dict:
         raise NotImplementedError
+
+    def kernel_fits(self) -> bool:
+        """Can the kernel take a weight of this shape? (A layer it cannot takes the reference path.)"""
+        return True
 
     def has_layout(self) -> bool:
         return getattr(self, self.LAYOUT[0]) is not None
@@ -258,6 +262,9 @@ class Int4Linear(QuantizedLinear):
 
     def layout_sources(self):
         return self.weight, self.scales, self.zeros
+
+    def kernel_fits(self) -> bool:
+        return self.out_features % 16 == 0  # torch's int4 packing works on blocks of 16 output rows
 
     def make_layout(self, dtype) -> dict:
         # torch's CPU int4 kernel wants its own nibble layout and, per group,

@@ -31,7 +31,10 @@ import os
 from pathlib import Path
 
 VECTOR_UNITS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")  # /proc/cpuinfo flag names
-STORED = Path(__file__).resolve().parent.parent / "data" / "peers-2026-12-01-epyc-avx2.json"
+# The copy stored with the course (one `make peers` run), beside this file rather
+# than in tinyinfer/data, so that storing a new run does not change the engine's
+# fingerprint (scripts/make_labs.py): it is a measurement, not engine code.
+STORED = Path(__file__).resolve().parent / "data" / "peers-2026-12-01-epyc-avx2.json"
 ENGINE_NAMES = {"tinyinfer": "tinyinfer", "llama.cpp": "llama.cpp", "vllm": "vLLM CPU"}
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from ..block_manager import BlockManager
 from ..config import EngineConfig
+from ..request import Request
+from ..sampling import SamplingParams
 from .draw import arrow, blocks, box, canvas, label
 
 
@@ -27,14 +29,20 @@ def block_table_scenario(block_size: int | None = None, num_blocks: int = 8):
     system = list(range(1000, 1000 + 2 * bs))  # two full blocks of shared tokens
     a = system + list(range(bs // 2))  # A: the system prompt and half a block of its own
     b = system + list(range(500, 500 + bs // 2 + 2))
-    bm.allocate("A", a, len(a))
-    bm.mark_computed("A", a, len(a))  # A's prefill ran: its full blocks are filed under their hashes
-    bm.fork("A", "A#1")  # n=2: the second sample shares every block
-    bm.allocate("B", b, len(b))  # finds the system prompt's two blocks in the prefix cache
-    snap = lambda: dict(tables={s: list(bm.block_table(s)) for s in ("A", "A#1", "B")},  # noqa: E731
+    request_a = Request("A", None, a, SamplingParams(n=2))
+    seq_a = request_a.samples[0]
+    bm.allocate(seq_a, len(a))
+    seq_a.num_computed_tokens = len(a)
+    bm.mark_computed(seq_a)  # A's prefill ran: its full blocks are filed under their hashes
+    (seq_a1,) = request_a.fork()  # n=2: the second sample (A#1) shares every block
+    bm.fork(seq_a, seq_a1)
+    seq_b = Request("B", None, b, SamplingParams()).samples[0]
+    bm.allocate(seq_b, len(b))  # finds the system prompt's two blocks in the prefix cache
+    seqs = (seq_a, seq_a1, seq_b)
+    snap = lambda: dict(tables={s.seq_id: list(s.block_table) for s in seqs},  # noqa: E731
                         refs=[blk.ref_count for blk in bm.blocks], tokens={"A": len(a), "A#1": len(a), "B": len(b)})
     before = snap()
-    copies = bm.append_slots("A#1", len(a) + 1)  # A#1 writes one token into the shared last block
+    copies = bm.append_slots(seq_a1, len(a) + 1)  # A#1 writes one token into the shared last block
     after = snap()
     after["tokens"]["A#1"] += 1
     return bs, before, after, copies

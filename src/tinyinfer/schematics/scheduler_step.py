@@ -9,15 +9,14 @@ is 0), and the picture shows the steps it scheduled."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from matplotlib.patches import Rectangle
 
 from ..block_manager import BlockManager
 from ..config import EngineConfig
-from ..sampling import SamplingParams
+from ..request import Request
+from ..sampling import SamplerOutput, SamplingParams
 from ..scheduler import Scheduler, SchedulerConfig
-from ..sequence import Sequence
 from .draw import COLORS, FILLS, canvas, label
 
 # (request, arrives before step, prompt tokens, tokens it will write): a short
@@ -51,23 +50,23 @@ def run_script(script=SCRIPT, budget: int = BUDGET, num_blocks: int = NUM_BLOCKS
         for name, arrives, prompt, output in script:
             if arrives == index:
                 params = SamplingParams(max_tokens=output, temperature=0, ignore_eos=True)
-                sched.add(Sequence(name, None, [1] * prompt, params))
+                sched.add(Request(name, None, [1] * prompt, params))
         out = sched.schedule()
         rec = StepRecord(index, preempted=[s.seq_id for s in out.preempted],
                          waiting=[s.seq_id for s in sched.waiting], free_blocks=sched.block_manager.num_free_blocks)
-        for seq, n in out.scheduled:
-            done = seq.num_computed_tokens + n
+        for entry in out.scheduled:
+            seq, n = entry.seq, entry.num_new_tokens
+            done = entry.start + n
             kind = ("decode" if n == 1 and seq.num_output_tokens else "chunk" if done < seq.num_tokens
-                    else "rest" if seq.num_computed_tokens else "prefill")
+                    else "rest" if entry.start else "prefill")
             rec.work.append((seq.seq_id, n, kind, done, seq.num_tokens))
-            rec.blocks[seq.seq_id] = len(sched.block_manager.block_table(seq.seq_id))
+            rec.blocks[seq.seq_id] = len(entry.block_table)
             if records and 0 < records[-1].blocks.get(seq.seq_id, 0) < rec.blocks[seq.seq_id]:
                 rec.grew.append(seq.seq_id)
         records.append(rec)
         if out.is_empty:
             break
-        sampled = SimpleNamespace(token_ids=[0] * len(out.sampling), logprobs=[None] * len(out.sampling),
-                                  prompt_logprobs={})
+        sampled = SamplerOutput(token_ids=[0] * len(out.sampling), logprobs=[None] * len(out.sampling))
         sched.update_from_output(out, sampled)
     return records
 
