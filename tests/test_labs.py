@@ -277,8 +277,6 @@ WHY_PENDING = {  # one lab per line: each is removed when its why-questions are 
     "06-quantization",
     "07-batching",
     "08-fleets",
-    "09-toolbox",
-    "10-beyond-one-reply",
     "11-your-engine",
 }
 
@@ -448,8 +446,6 @@ MINUTES_PENDING = {  # one lab per line: each is removed when its first page giv
     "06-quantization",
     "07-batching",
     "08-fleets",
-    "09-toolbox",
-    "10-beyond-one-reply",
     "11-your-engine",
 }
 
