@@ -1,21 +1,35 @@
 """Where the lab checks get their expected values, checked against independent
-sources: literal counts against tiktoken, the hand-worked quantization cases
+sources: lab 1's merge-step cases worked by hand, the hand-worked quantization cases
 against tinyinfer.quant, and the answers the labs fall back to (each lab's
 declared fallbacks, which the checks refuse) against the checks themselves,
 with the refusal switched off."""
 import pytest
 import torch
 
-from tinyinfer import labcheck, quant
+from tinyinfer import bpe, labcheck, quant
 from tinyinfer.labcheck import quantization, registry, tokens, watch
 
 
-def test_literal_token_counts_are_tiktokens():
-    enc = labcheck._cl100k()
-    table = dict(tokens.COUNTS)
-    table.update({text: counts for text, counts in tokens.COMPARE_TEXTS.values()})
-    for text, (cl100k, chars, words) in table.items():
-        assert (cl100k, chars, words) == (len(enc.encode(text, disallowed_special=())), len(text), len(text.split()))
+def test_hand_worked_merge_cases_agree_with_the_engine():
+    """Lab 1's merge-step cases take their expected values from tinyinfer.bpe;
+    here the first few are worked by hand."""
+    c, w = tokens._chars, tokens._w
+    by_hand = [
+        ((b"e", b"s"), {c("low"): 5, c("lower"): 2, w("n", "e", "w", "es", "t"): 6, w("w", "i", "d", "es", "t"): 3}),
+        ((b"c", b"d"), {c("ab"): 1, w("cd"): 3}),
+        ((b"a", b"b"), {c("xy"): 2, w("ab"): 2}),
+        ((b"a", b"b"), {c("ac"): 1, w("ab"): 1}),
+        ((b"a", b"a"), {w("aa", "a"): 1}),
+        ((b"a", b"a"), {w("aa", "aa"): 1}),
+        ((b"z", b"z"), {w("zz", "z"): 1, c("ab"): 1}),
+        ((b"a", b"b"), {w("ab", "c", "ab"): 2}),
+        ((b" th", b"e"), {w(" the"): 4, w(" th", "en"): 2, w("en", "d"): 3}),
+        (None, {w(" the"): 4, w("end"): 3, c("a"): 1}),
+        (None, {}),
+    ]
+    assert len(by_hand) == len(tokens.MERGE_CASES)
+    for (words, why), expected in zip(tokens.MERGE_CASES, by_hand):
+        assert bpe.merge_step(words) == expected, why
 
 
 def test_hand_worked_quantization_cases_agree_with_the_engine():

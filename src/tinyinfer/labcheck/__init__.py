@@ -9,9 +9,11 @@ or `labcheck.reference_rope` whatever the module. Besides them:
 - quiz.py: compare_prediction and grade_answer, for "predict, then measure";
 - machine.py: warn_if_busy, a one-line warning beside a timing on a busy machine;
 - my_engine.py: the learner's pieces, kept by one lab for the next;
-- fixtures.py, records.py, given.py: what several labs' checks share.
+- fixtures.py, records.py, given.py: what several labs' checks share;
+- busy.py: busy_warning, the line a lab prints beside a timing taken on a busy machine.
 """
 from . import my_engine, registry, watch  # noqa: F401
+from .busy import busy_warning  # noqa: F401
 from .core import Case, _report, run_check  # noqa: F401
 from .machine import busy_note, warn_if_busy  # noqa: F401
 from .quiz import compare_prediction, grade_answer  # noqa: F401
