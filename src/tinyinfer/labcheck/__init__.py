@@ -4,14 +4,15 @@ Every lab's checks live in a module of this package that declares its lab
 (`LAB = Lab(...)`, registry.py); the package re-exports every name those
 declarations list, so notebooks write `labcheck.check_bpe_encode_piece(fn)`
 or `labcheck.reference_rope` whatever the module. Besides them:
-- core.py: Case and run_check, from which every check is made;
+- core.py: Case and run_check, from which every check is made, and what a
+  lab says about the machine its timings come from (busy_note, bf16_units);
 - watch.py: the forbidden-call watch that refuses the course's own answers;
 - quiz.py: compare_prediction and grade_answer, for "predict, then measure";
 - my_engine.py: the learner's pieces, kept by one lab for the next;
 - fixtures.py, records.py, given.py: what several labs' checks share.
 """
 from . import my_engine, registry, watch  # noqa: F401
-from .core import Case, _report, run_check  # noqa: F401
+from .core import Case, _report, bf16_units, busy_note, run_check  # noqa: F401
 from .quiz import compare_prediction, grade_answer  # noqa: F401
 
 LABS = registry.labs()  # ((module, Lab), ...) for every lab, by number

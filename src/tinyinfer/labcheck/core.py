@@ -26,6 +26,7 @@ learner wrote it:
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -101,3 +102,46 @@ def _safe_same(same, got, expected) -> bool:
 def _short(value) -> str:
     text = str(value) if isinstance(value, BaseException) else repr(value)
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 5] + " ...]"
+
+
+# ------------------------------------------------ the machine a lab's timings come from
+
+
+def busy_note(*repeats, spread: float = 0.3) -> str:
+    """A one-line warning to print beside a timing when the machine looks too
+    busy for it to mean much, else "". Busy: the load average over the last
+    minute is above the number of cores (other programs want the same cores,
+    and OpenMP threads then wait for each other), or the repeats of one timing
+    (each argument: a list of seconds for one measurement) differ by more than
+    `spread` (30%) from their fastest."""
+    reasons = []
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        if load > cores:
+            reasons.append(f"load average {load:.1f} on {cores} cores")
+    except (AttributeError, OSError):  # no load average on this system (Windows)
+        pass
+    worst = max((max(r) / min(r) - 1 for r in repeats if len(r) > 1 and min(r) > 0), default=0.0)
+    if worst > spread:
+        reasons.append(f"repeats differ by up to {worst:.0%}")
+    if not reasons:
+        return ""
+    return (f"⚠ busy machine ({'; '.join(reasons)}): other programs are sharing the cores, so these timings "
+            "and their ratios may be far off. Close them and run the cell again.")
+
+
+def bf16_units() -> bool | None:
+    """Does this CPU compute bf16 in hardware (AVX-512 BF16 or AMX), as torch
+    will use it? False where it has none, or where ONEDNN_MAX_CPU_ISA caps oneDNN
+    below them (the course's way of imitating an older CPU); None where the CPU's
+    flags cannot be read (not Linux). Without them a bf16 matmul is computed in
+    fp32 arithmetic with conversions on the way in and out: it saves bytes, not work."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if cap and not any(word in cap for word in ("BF16", "AMX", "FP16", "AVX10", "ALL", "DEFAULT")):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
