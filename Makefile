@@ -7,7 +7,7 @@
 #   make labs    regenerate labs/ from solutions/
 #   make record  re-execute every solution, in order, on this engine (then make labs); idle machine!
 #   make test-portable  the strict notebooks under another CPU's kernels (AVX2, then none)
-#   make peers   tinyinfer serve beside vLLM CPU on this machine (installs vLLM, 3.4 GB, once, outside the repo)
+#   make peers   tinyinfer beside llama.cpp and vLLM CPU on this machine (sets both up once, outside the repo)
 #   make clean   remove _build/
 #
 # Everything runs in a virtual environment, $(VENV), created on first use.
@@ -99,8 +99,12 @@ test-portable: $(STAMP)
 record: $(STAMP)
 	$(PY) scripts/make_labs.py --execute $(if $(ALLOW_DIRTY),,--require-clean-engine)
 
-# Not part of `make test`: it downloads vLLM CPU into ~/.cache/tinyinfer on first
-# use and takes about 15 minutes on a 2-core machine. The table lands in _build/peers.json.
+# Not part of `make test`, never in CI. On first use it sets up the peers under
+# ~/.cache/tinyinfer/: vLLM CPU into a venv of its own (3.4 GB through pip) and
+# llama.cpp's llama-server, built from llama-cpp-python's sdist (needs cmake and a
+# C++ compiler; about 16 CPU-minutes, 10-20 min on two idle cores). The run itself
+# takes 30-60 minutes on a 2-core machine. The table lands in _build/peers.json.
+# A quick run: .venv/bin/python benchmarks/peers.py --engines tinyinfer-bf16,llama.cpp --concurrency 1,8
 peers: $(STAMP)
 	@mkdir -p _build
 	$(PY) benchmarks/peers.py --save _build/peers.json

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from tinyinfer import LLMEngine, SamplingParams  # noqa: E402
 from tinyinfer.fleet import ReplicaConfig, calibrate, simulate, workload_from  # noqa: E402
+from tinyinfer.llm_engine import run_until_done  # noqa: E402
 from tinyinfer.metrics import LatencyStats  # noqa: E402
 
 
@@ -35,9 +36,7 @@ def run_real(engine, records, vocab, seed=0):
         ids = rng.integers(0, vocab, size=r["prompt_len"]).tolist()
         engine.add_request({"prompt_token_ids": ids}, SamplingParams(max_tokens=r["output_len"], ignore_eos=True,
                                                                      temperature=0), arrival_time=t0)
-    done = []
-    while engine.has_unfinished_requests():
-        done += [o for o in engine.step() if o.finished]
+    done = run_until_done(engine).values()
     return LatencyStats.of(o.metrics["ttft"] for o in done), LatencyStats.of(o.metrics["e2e"] for o in done)
 
 

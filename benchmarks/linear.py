@@ -9,7 +9,7 @@ from cache. Three kernels, same bytes, same result:
   F.linear    PyTorch's general path (plain row-major weight)
   torch.mv    its matrix-vector kernel (batch 1 only)
   packed      oneDNN with the weight packed once into its blocked layout
-              (tinyinfer.cpu_linear, what tinyinfer's Linear runs on a CPU)
+              (tinyinfer.cpu_linear.PackedLinear, what pack_for_cpu swaps in)
 Prints the median time per step of products, the read speed it implies
 (weight bytes / time) and packed's speed-up over F.linear, measured in one run.
 """
@@ -37,7 +37,7 @@ def time_step(kernel, weights, xs, repeats: int) -> float:
     def step():
         for w in weights:
             kernel(xs[w.shape[1]], w)
-    step()  # warm-up (packs the weights on first use)
+    step()  # warm-up
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -56,8 +56,9 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    kernels = {"F.linear": F.linear, "torch.mv": lambda x, w: torch.mv(w, x[0]),
-               "packed": cpu_linear.linear_packed}
+    # Each kernel: (how its weight is prepared once, the product).
+    kernels = {"F.linear": (None, F.linear), "torch.mv": (None, lambda x, w: torch.mv(w, x[0])),
+               "packed": (cpu_linear.pack_weight, cpu_linear.linear_packed)}
     print(f"{torch.get_num_threads()} threads; PyTorch {torch.__version__}; "
           f"oneDNN packs: {[str(d) for d in cpu_linear.PACKED_DTYPES] or 'nothing'}")
     print(f"{'dtype':15} {'batch':>5} {'kernel':9} {'ms/step':>8} {'GB/s':>6} {'vs F.linear':>11}")
@@ -68,11 +69,13 @@ def main():
         for batch in [int(b) for b in args.batches.split(",")]:
             xs = {k: torch.randn(batch, k, dtype=dtype) for k in {w.shape[1] for w in weights}}
             base = None
-            for name, kernel in kernels.items():
+            for name, (prepare, kernel) in kernels.items():
                 if (name == "torch.mv" and batch != 1) or (name == "packed" and dtype not in cpu_linear.PACKED_DTYPES):
                     continue
                 with torch.inference_mode():
-                    t = time_step(kernel, weights, xs, args.repeats)
+                    prepared = [prepare(w) for w in weights] if prepare else weights
+                    t = time_step(kernel, prepared, xs, args.repeats)
+                    del prepared
                 base = base or t
                 print(f"{str(dtype):15} {batch:5} {name:9} {t * 1e3:8.2f} {nbytes / t / 1e9:6.1f} {base / t:10.2f}x",
                       flush=True)

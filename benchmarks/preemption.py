@@ -24,6 +24,7 @@ import torch
 
 from tinyinfer import LLMEngine, SamplingParams
 from tinyinfer.eval import eval_text
+from tinyinfer.llm_engine import run_until_done
 
 
 def workload(tokenizer, n: int, seed: int):
@@ -41,13 +42,9 @@ def run(engine: LLMEngine, work) -> tuple[float, list[list[int]], int]:
     """Wall time, outputs in order, and tokens computed by the model in total."""
     t = time.perf_counter()
     ids = [engine.add_request(p, sp) for p, sp in work]
-    done, computed = {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-        computed += engine.stats.num_prefill_tokens + engine.stats.num_decode_tokens
-    return time.perf_counter() - t, [done[i] for i in ids], computed
+    computed, st = [0], engine.stats
+    done = run_until_done(engine, on_step=lambda: computed.append(st.num_prefill_tokens + st.num_decode_tokens))
+    return time.perf_counter() - t, [done[i].outputs[0].token_ids for i in ids], sum(computed)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import VLLM_VERSION, ensure_vllm, model_folder, serve_vllm  # noqa: E402
+from peer_servers import VLLM_VERSION, ensure_vllm, model_folder, serve_vllm  # noqa: E402
 from serving import install_signal_handlers  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

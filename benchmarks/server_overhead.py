@@ -71,11 +71,14 @@ def offline(engine, ids: list[int], max_tokens: int) -> tuple[float, list[float]
 
 
 def engine_step_counters(client: httpx.Client, url: str) -> tuple[float, float] | None:
-    """(steps, seconds inside engine.step()) from the server's /metrics; None if it has no such counters."""
-    lines = client.get(url + "/metrics").text.splitlines()
-    values = dict(line.split() for line in lines if line and not line.startswith("#"))
+    """(steps, seconds inside engine.step()) from the server's /metrics; None if it has no such counters.
+    Read with prometheus_client's parser, whatever the labels (a --before-src server has none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {s.name: s.value for f in text_string_to_metric_families(client.get(url + "/metrics").text)
+              for s in f.samples}
     try:
-        return float(values["tinyinfer:engine_steps_total"]), float(values["tinyinfer:engine_step_seconds_total"])
+        return values["tinyinfer:engine_steps_total"], values["tinyinfer:engine_step_seconds_total"]
     except KeyError:
         return None
 

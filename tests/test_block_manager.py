@@ -2,27 +2,53 @@
 
 The property test drives random sequences of allocate / append / fork /
 mark_computed / free and checks after every operation that the counts agree
-with the block tables. The other tests pin down specific behaviours."""
+with the block tables, which the sequences carry. The other tests pin down specific behaviours."""
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from dataclasses import dataclass, field
+
 from tinyinfer.block_manager import BlockManager, NoFreeBlocksError
+from tinyinfer.request import Request
+from tinyinfer.sampling import SamplingParams
 
 
-def check_invariants(bm: BlockManager) -> None:
+@dataclass
+class Seq:
+    """What the block manager reads and writes on a sequence (tinyinfer's
+    Sequence has these, and more): its tokens, how many are computed, and its
+    block table with the count of its blocks filed in the prefix cache."""
+
+    seq_id: str
+    token_ids: list[int]
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0
+
+
+def scheduled(bm: BlockManager, seq: Seq, num_tokens: int) -> list:
+    """A step's share: grow the table to num_tokens, which the step then computes
+    (the scheduler counts them computed once scheduled)."""
+    copies = bm.append_slots(seq, num_tokens)
+    seq.num_computed_tokens = num_tokens
+    return copies
+
+
+def check_invariants(bm: BlockManager, seqs: dict[str, Seq]) -> None:
     refs = [0] * bm.num_blocks
-    for table in bm.block_tables.values():
+    for seq in seqs.values():
+        table = seq.block_table
         assert len(set(table)) == len(table), "a table lists a block twice"
         for b in table:
             refs[b] += 1
+        assert len(table) == bm.blocks_for(seq.num_computed_tokens)
+        assert all(bm.blocks[b].hash is not None for b in table[: seq.num_hashed_blocks])
     assert [blk.ref_count for blk in bm.blocks] == refs
     assert set(bm.free_block_ids) == {i for i, r in enumerate(refs) if r == 0}
     assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
     for h, b in bm.cached_blocks.items():
         assert bm.blocks[b].hash == h
-    for sid, table in bm.block_tables.items():
-        assert len(table) == bm.blocks_for(bm.num_slots[sid]) or bm.num_slots[sid] == 0
 
 
 ops = st.lists(st.tuples(st.sampled_from(["alloc", "append", "fork", "computed", "free"]),
@@ -31,89 +57,130 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "append", "fork", "computed",
 
 @settings(max_examples=200, deadline=None)
 @given(ops)
+@example([("alloc", 0, 3, 0), ("fork", 0, 5, 0), ("append", 0, 3, 0)])  # a write into the shared partial block
 def test_random_operations_keep_counts_consistent(operations):
     bm = BlockManager(num_blocks=12, block_size=4)
-    tokens: dict[str, list[int]] = {}
+    seqs: dict[str, Seq] = {}
     for op, sid_n, n, variant in operations:
         sid = f"s{sid_n}"
-        if op == "alloc" and sid not in bm.block_tables:
+        seq = seqs.get(sid)
+        if op == "alloc" and seq is None:
             # Few distinct prompts, so prefixes repeat and the cache gets hits.
-            ids = [variant] * 6 + list(range(n))
-            if bm.can_allocate(sid, ids, len(ids)):
-                cached = bm.allocate(sid, ids, len(ids))
-                assert cached % bm.block_size == 0 and cached < len(ids)
-                tokens[sid] = ids
+            seq = Seq(sid, [variant] * 6 + list(range(n)))
+            hits = bm.match_prefix(seq)
+            if bm.can_allocate(seq, len(seq.token_ids), hits):
+                cached = bm.allocate(seq, len(seq.token_ids), hits)
+                assert cached == len(hits) * bm.block_size and cached < len(seq.token_ids)
+                seq.num_computed_tokens = len(seq.token_ids)
+                seqs[sid] = seq
             else:
                 with pytest.raises(NoFreeBlocksError):
-                    bm.allocate(sid, ids, len(ids))
-        elif op == "append" and sid in bm.block_tables:
-            grow = bm.num_slots[sid] + n % 9
-            before = bm.num_free_blocks
+                    bm.allocate(seq, len(seq.token_ids), hits)
+                assert not seq.block_table
+        elif op == "append" and seq is not None:
+            grow = len(seq.token_ids) + n % 9
+            before = (bm.num_free_blocks, list(seq.block_table))
+            start = seq.num_computed_tokens
             try:
-                bm.append_slots(sid, grow)
-                tokens[sid] = tokens[sid] + [7] * (grow - len(tokens[sid]))
+                copies = scheduled(bm, seq, grow)
+                seq.token_ids += [7] * (grow - len(seq.token_ids))
+                for _, dst in copies:  # the copy is this sequence's own
+                    assert dst in seq.block_table and bm.blocks[dst].ref_count == 1
+                if grow > start:  # every block the step writes into is this sequence's alone
+                    written = seq.block_table[start // bm.block_size : bm.blocks_for(grow)]
+                    assert all(bm.blocks[b].ref_count == 1 for b in written)
             except NoFreeBlocksError:
-                assert bm.num_free_blocks == before  # a failed append changes nothing
-        elif op == "fork" and sid in bm.block_tables:
-            child = f"c{sid_n}{n}"
-            if child not in bm.block_tables:
-                bm.fork(sid, child)
-                tokens[child] = list(tokens[sid])
-        elif op == "computed" and sid in bm.block_tables:
-            bm.mark_computed(sid, tokens[sid], min(len(tokens[sid]), bm.num_slots[sid]))
-        elif op == "free":
-            bm.free(sid)
-            tokens.pop(sid, None)
-        check_invariants(bm)
-    for sid in list(bm.block_tables):
-        bm.free(sid)
-    check_invariants(bm)
+                assert (bm.num_free_blocks, seq.block_table) == before  # a failed append changes nothing
+        elif op == "fork" and seq is not None:
+            child_id = f"c{sid_n}{n}"
+            if child_id not in seqs:
+                child = Seq(child_id, list(seq.token_ids), seq.num_computed_tokens)
+                bm.fork(seq, child)
+                assert child.block_table == seq.block_table
+                seqs[child_id] = child
+        elif op == "computed" and seq is not None:
+            bm.mark_computed(seq)
+        elif op == "free" and seq is not None:
+            bm.free(seq)
+            assert not seq.block_table
+            del seqs[sid]
+        check_invariants(bm, seqs)
+    for seq in seqs.values():
+        bm.free(seq)
+    check_invariants(bm, {})
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def allocated(bm: BlockManager, sid: str, token_ids: list[int]) -> tuple[Seq, int]:
+    """A prompt admitted whole: its blocks, with its cached prefix; (seq, cached tokens)."""
+    seq = Seq(sid, list(token_ids))
+    cached = bm.allocate(seq, len(token_ids))
+    seq.num_computed_tokens = len(token_ids)
+    return seq, cached
 
 
 def test_prefix_hit_reuses_computed_blocks_and_verifies_tokens():
     bm = BlockManager(num_blocks=8, block_size=4)
     prompt = list(range(10))  # blocks [0..3] [4..7] and a partial [8, 9]
-    assert bm.allocate("a", prompt, len(prompt)) == 0
-    assert bm.match_prefix(prompt) == []  # nothing is filed before it is computed
-    bm.mark_computed("a", prompt, len(prompt))
-    assert bm.match_prefix(prompt) == bm.block_table("a")[:2]
-    assert bm.allocate("b", prompt, len(prompt)) == 8
-    assert bm.block_table("b")[:2] == bm.block_table("a")[:2]
-    assert bm.blocks[bm.block_table("a")[0]].ref_count == 2
+    a, cached = allocated(bm, "a", prompt)
+    assert cached == 0
+    assert bm.match_prefix(Seq("x", prompt)) == []  # nothing is filed before it is computed
+    bm.mark_computed(a)
+    assert a.num_hashed_blocks == 2  # the partial block is not filed
+    assert bm.match_prefix(Seq("x", prompt)) == a.block_table[:2]
+    b, cached = allocated(bm, "b", prompt)
+    assert cached == 8 and b.num_hashed_blocks == 2
+    assert b.block_table[:2] == a.block_table[:2]
+    assert bm.blocks[a.block_table[0]].ref_count == 2
     # a different second block: only the first block matches
-    other = prompt[:4] + [99] * 6
-    assert len(bm.match_prefix(other)) == 1
+    assert len(bm.match_prefix(Seq("x", prompt[:4] + [99] * 6))) == 1
     # a prompt that is exactly the cached blocks still computes its last token
-    assert len(bm.match_prefix(prompt[:8])) == 1
+    assert len(bm.match_prefix(Seq("x", prompt[:8]))) == 1
 
 
 def test_freed_cached_blocks_are_revived_or_evicted_lru():
     bm = BlockManager(num_blocks=4, block_size=2)
     a = [1, 2, 3, 4, 5]
-    bm.allocate("a", a, 5)
-    bm.mark_computed("a", a, 5)
-    bm.free("a")
-    assert bm.num_free_blocks == 4
-    assert len(bm.match_prefix(a)) == 2  # still cached after the free
-    assert bm.allocate("b", a, 5) == 4  # revived, not recomputed
-    bm.free("b")
+    first, _ = allocated(bm, "a", a)
+    bm.mark_computed(first)
+    bm.free(first)
+    assert bm.num_free_blocks == 4 and first.block_table == [] and first.num_hashed_blocks == 0
+    assert len(bm.match_prefix(Seq("x", a))) == 2  # still cached after the free
+    second, cached = allocated(bm, "b", a)
+    assert cached == 4  # revived, not recomputed
+    bm.free(second)
     # fill the pool with other tokens: the cached blocks are evicted
-    bm.allocate("c", [9] * 8, 8)
-    assert bm.match_prefix(a) == []
+    allocated(bm, "c", [9] * 8)
+    assert bm.match_prefix(Seq("x", a)) == []
     assert bm.prefix_cache_hit_tokens == 4
 
 
 def test_fork_shares_blocks_and_copies_on_write():
     bm = BlockManager(num_blocks=6, block_size=4)
-    bm.allocate("p", [1] * 6, 6)  # one full block + a partial one
-    bm.fork("p", "c")
-    assert bm.block_table("c") == bm.block_table("p")
-    copies = bm.append_slots("c", 7)  # the child writes into the shared partial block
-    assert len(copies) == 1 and copies[0][0] == bm.block_table("p")[1]
-    assert bm.block_table("c")[1] == copies[0][1] != bm.block_table("p")[1]
-    assert bm.block_table("c")[0] == bm.block_table("p")[0]  # the full block stays shared
-    check_invariants(bm)
+    parent, _ = allocated(bm, "p", [1] * 6)  # one full block + a partial one
+    child = Seq("c", [1] * 6, parent.num_computed_tokens)
+    bm.fork(parent, child)
+    assert child.block_table == parent.block_table
+    copies = scheduled(bm, child, 7)  # the child writes into the shared partial block
+    assert len(copies) == 1 and copies[0][0] == parent.block_table[1]
+    assert child.block_table[1] == copies[0][1] != parent.block_table[1]
+    assert child.block_table[0] == parent.block_table[0]  # the full block stays shared
+    assert scheduled(bm, parent, 7) == []  # the parent is now the block's only user: no copy
+    check_invariants(bm, {"p": parent, "c": child})
+
+
+def test_the_engine_sequence_carries_its_blocks():
+    """The real Sequence is what the scheduler hands the block manager."""
+    bm = BlockManager(num_blocks=4, block_size=4)
+    seq = Request("r", None, list(range(6)), SamplingParams()).samples[0]
+    assert bm.allocate(seq, 6) == 0 and len(seq.block_table) == 2
+    seq.num_computed_tokens = 6
+    bm.mark_computed(seq)
+    assert seq.num_hashed_blocks == 1
+    bm.free(seq)
+    assert seq.block_table == [] and bm.num_free_blocks == 4
+    with pytest.raises(RuntimeError, match="freed twice"):
+        bm._release(0)
 
 
 def test_bad_sizes_are_rejected_with_the_field_name():

@@ -1,6 +1,11 @@
 """enforce_eager=False: decode steps run a torch.compile'd model and must write
 exactly the tokens the eager engine writes (greedy, fp32), at batch 1 and in a
-batch whose sequences have different lengths (the masked decode path)."""
+batch whose sequences have different lengths (the masked decode path).
+
+The engines here run the 2-layer random model (conftest's tiny_dir): the code
+paths are the real model's, and the compiles take seconds instead of minutes
+(a compiled graph's size grows with the layers; the default model has 30).
+Chapter 4 and lab 4 compile the real model."""
 import pytest
 
 from tinyinfer import LLM, SamplingParams
@@ -16,8 +21,9 @@ def test_enforce_eager_is_checked_before_loading():
 
 
 @pytest.mark.slow
-def test_compiled_decode_writes_the_eager_tokens(llm):
-    compiled = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", enforce_eager=False)
+def test_compiled_decode_writes_the_eager_tokens(tiny_dir):
+    eager = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    compiled = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
     runner = compiled.runner
     batch_sizes = []  # batch size of every step that ran the compiled model
     execute, compiled_model = runner.execute_model, runner.compiled_model
@@ -29,7 +35,7 @@ def test_compiled_decode_writes_the_eager_tokens(llm):
     runner.execute_model = spy_execute
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     for prompts in (PROMPTS[:1], PROMPTS):
-        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
         got = [o.outputs[0].token_ids for o in compiled.generate(prompts, params)]
         assert got == want, prompts
     # Every decode step compiled, prefills eager: 7 steps at batch 1, then 7 at batch 2.
@@ -37,16 +43,17 @@ def test_compiled_decode_writes_the_eager_tokens(llm):
 
 
 @pytest.mark.slow
-def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(llm):
+def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(tiny_dir):
     import torch
 
     def no_compiler(gm, example_inputs):  # stands in for a machine without a C++ compiler
         raise RuntimeError("no C++ compiler found")
 
-    engine = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", enforce_eager=False)
+    eager = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    engine = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
     engine.runner._compiled_model = torch.compile(engine.runner.model, backend=no_compiler)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     with pytest.warns(RuntimeWarning, match="torch.compile failed.*no C\\+\\+ compiler"):
         got = engine.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
-    assert got == llm.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
+    assert got == eager.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
     assert engine.runner.enforce_eager  # later steps do not try again

@@ -1,97 +1,223 @@
-"""The packed CPU linear (cpu_linear.py): the same product as F.linear, remade
-when the weight changes, and never used where it cannot serve."""
+"""The explicit packing pass (cpu_linear.py): pack_for_cpu swaps in modules that
+own their kernel layouts, the product equals F.linear, edits need repack (and
+in-place ones are refused until then), gradients never reach a kernel without
+a backward, and saving, copying and moving carry the weights, not the layout."""
+import copy
+import io
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from tinyinfer import cpu_linear
-from tinyinfer.model import Linear
+from tinyinfer.cpu_linear import PackedLinear, pack_for_cpu, repack
+from tinyinfer.quant import Int4Linear, Int8Linear, kernel_available
 
 needs_packing = pytest.mark.skipif(not cpu_linear.PACKED_DTYPES, reason="PyTorch built without oneDNN")
 
 
-def _linear(dtype, out_features=96, in_features=80):
+def _model(dtype=torch.float32, out_features=96, in_features=80):
+    """Two linears in a container, frozen as the engine's are, then packed."""
     torch.manual_seed(0)
-    layer = Linear(in_features, out_features, bias=False).to(dtype)
-    layer.weight.requires_grad_(False)
-    return layer
+    model = nn.Sequential(nn.Linear(in_features, out_features, bias=False),
+                          nn.Linear(out_features, in_features, bias=False)).to(dtype)
+    model.requires_grad_(False)
+    return pack_for_cpu(model)
+
+
+def test_model_py_is_plain_pytorch():
+    """The model file builds plain nn.Linear layers and imports nothing from the kernels."""
+    import inspect
+
+    from tinyinfer import model as model_py
+
+    source = inspect.getsource(model_py)
+    imports = [line.strip() for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert imports == ["from __future__ import annotations", "from typing import Protocol", "import torch",
+                       "import torch.nn.functional as F", "from torch import nn", "from .config import ModelConfig"]
+    assert "cpu_linear" not in source and "_tinyinfer_packed" not in source
 
 
 @needs_packing
 @pytest.mark.parametrize("dtype", cpu_linear.PACKED_DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1), (1, 7), (3, 5)])
 def test_packed_equals_f_linear(dtype, shape):
-    layer = _linear(dtype)
+    model = _model(dtype)
+    layer = model[0]
+    assert type(layer) is PackedLinear and layer.packed_weight is not None
     x = torch.randn(*shape, 80, dtype=dtype)
-    assert cpu_linear.use_packed(x, layer.weight, None)
     got, want = layer(x), F.linear(x, layer.weight)
     assert got.shape == want.shape and got.dtype == want.dtype
     # Both accumulate in fp32; only the order of the additions may differ.
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
-    assert hasattr(layer.weight, "_tinyinfer_packed")  # the packed path really ran
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
+
+
+@pytest.mark.skipif(torch.bfloat16 not in cpu_linear.UPCAST_DTYPES, reason="this CPU has bf16 units: bf16 is packed")
+def test_bf16_without_bf16_units_multiplies_several_rows_in_fp32():
+    """No bf16 units: a prompt's rows go through one fp32 product (same numbers
+    as bf16 F.linear up to the order of additions), a decode row stays bf16."""
+    model = _model(torch.bfloat16)
+    layer = model[0]
+    assert type(layer) is PackedLinear and layer.packed_weight is None
+    rows = torch.randn(cpu_linear.UPCAST_MIN_ROWS + 3, 80, dtype=torch.bfloat16)
+    got = layer(rows)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, F.linear(rows.float(), layer.weight.float()).bfloat16())  # the fp32 path ran
+    want = F.linear(rows, layer.weight)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2 * float(want.abs().max()))
+    one = rows[:1]
+    assert torch.equal(layer(one), F.linear(one, layer.weight))  # decode: bf16 as it was
 
 
 @needs_packing
-def test_a_changed_weight_is_packed_again():
-    layer = _linear(torch.float32)
+def test_the_kernel_reads_the_layout_not_the_weight():
+    """Proof that the packed path runs: zero the layout's source behind its back."""
+    layer = _model()[0]
     x = torch.randn(2, 80)
-    before = layer(x)
-    with torch.no_grad():
-        layer.weight.mul_(2)  # in place: same memory, new version
-    torch.testing.assert_close(layer(x), 2 * before, rtol=1e-5, atol=1e-5)
-    layer.weight.data = torch.randn(96, 80)  # new memory
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    want = F.linear(x, layer.weight)
+    layer.weight.data.zero_()  # through .data: invisible to the version counter (rule 4)
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)  # still the old weights
+    repack(layer)
+    assert layer(x).abs().max() == 0
 
 
 @needs_packing
-def test_gradients_and_other_dtypes_take_the_plain_path():
-    layer = Linear(80, 96, bias=False)  # requires_grad, as after construction
-    x = torch.randn(2, 80)
-    assert not cpu_linear.use_packed(x, layer.weight, None)
-    layer(x).sum().backward()
-    assert layer.weight.grad is not None
+def test_a_data_edit_then_repack_changes_the_output():
+    model = _model()
+    x = torch.randn(3, 80)
+    before = model(x)
+    model[0].weight.data.mul_(2)
+    torch.testing.assert_close(model(x), before)  # documented: the kernel keeps the old layout
+    repack(model)
+    torch.testing.assert_close(model(x), 2 * before, rtol=1e-5, atol=1e-5)
+
+
+@needs_packing
+def test_an_in_place_edit_is_refused_until_repack():
+    model = _model()
+    x = torch.randn(3, 80)
+    before = model(x)
     with torch.no_grad():
-        assert cpu_linear.use_packed(x, layer.weight, None)
-    half = Linear(80, 96, bias=False).half()
-    assert not cpu_linear.use_packed(torch.randn(2, 80).half(), half.weight, None)
-    assert not cpu_linear.use_packed(x.double(), layer.weight.double(), None)
+        model[0].weight.mul_(2)  # bumps the weight's version counter
+    with pytest.raises(RuntimeError, match="repack"):
+        model(x)
+    repack(model)
+    torch.testing.assert_close(model(x), 2 * before, rtol=1e-5, atol=1e-5)
+
+
+@needs_packing
+def test_load_state_dict_repacks():
+    model = _model()
+    x = torch.randn(2, 80)
+    other = {k: 3 * v for k, v in model.state_dict().items()}
+    model.load_state_dict(other)
+    torch.testing.assert_close(model(x), F.linear(F.linear(x, other["0.weight"]), other["1.weight"]),
+                               rtol=1e-4, atol=1e-4)
+
+
+@needs_packing
+def test_an_input_that_needs_a_gradient_gets_one():
+    """Frozen weights, an input that wants a gradient (a saliency map): the plain
+    path runs, and the gradient equals the unpacked model's."""
+    model = _model()
+    plain = nn.Sequential(nn.Linear(80, 96, bias=False), nn.Linear(96, 80, bias=False))
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(2, 80, requires_grad=True)
+    model(x).square().sum().backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    plain(x2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+@needs_packing
+def test_trainable_weights_get_their_gradients():
+    model = pack_for_cpu(nn.Sequential(nn.Linear(80, 96, bias=False)))  # requires_grad, as after construction
+    x = torch.randn(2, 80)
+    model(x).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, x.sum(0).expand(96, 80))
+
+
+@needs_packing
+def test_unpackable_layers_are_left_plain():
+    with_bias = pack_for_cpu(nn.Sequential(nn.Linear(80, 96)))
+    assert type(with_bias[0]) is nn.Linear  # oneDNN's packed path here takes no bias
+    half = pack_for_cpu(nn.Sequential(nn.Linear(80, 96, bias=False).half()))
+    assert type(half[0]) is nn.Linear
+
+
+@needs_packing
+def test_names_and_tied_weights_survive_the_pass(llm):
+    model = llm.model
+    assert type(model.model.layers[0].self_attn.qkv_proj) is PackedLinear
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still one tensor
+    assert not any("packed" in k for k in model.state_dict())  # state_dict: weights only
+
+
+@needs_packing
+def test_save_load_and_deepcopy_carry_weights_not_layouts():
+    model = _model()
+    x = torch.randn(2, 80)
+    want = model(x)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    assert list(torch.load(io.BytesIO(buf.getvalue()))) == ["0.weight", "1.weight"]
+    buf = io.BytesIO()
+    torch.save(model, buf)  # the whole module: pickled without its layout, rebuilt on load
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert loaded[0].packed_weight is not None
+    torch.testing.assert_close(loaded(x), want)
+    twin = copy.deepcopy(model)
+    assert twin[0].packed_weight is not None and twin[0].packed_weight is not model[0].packed_weight
+    torch.testing.assert_close(twin(x), want)
+
+
+@needs_packing
+def test_a_move_or_cast_keeps_no_stale_copy():
+    """module.to(...) makes the layout again for the new weights, or drops it
+    where no kernel serves them (a move to a GPU works the same way)."""
+    model = _model()
+    x = torch.randn(2, 80)
+    model.to(torch.float16)  # no packed fp16 kernel: the layout is dropped, not kept beside the weight
+    assert model[0].packed_weight is None and model[0].weight.dtype == torch.float16
+    model.to(torch.float32)
+    assert model[0].packed_weight is not None
+    torch.testing.assert_close(model(x), F.linear(F.linear(x, model[0].weight), model[1].weight))
+    model.to("meta")  # stands in for another device: nothing stays on the host
+    assert model[0].packed_weight is None
 
 
 @needs_packing
 def test_the_operator_traces_under_torch_compile():
     """The custom operator's fake implementation gives torch.compile the output
     shape, so the packed kernel runs inside a compiled graph (eager backend: no C++ compiler needed)."""
-    layer = _linear(torch.float32)
+    layer = _model()[0]
     x = torch.randn(3, 4, 80)
     with torch.no_grad():
         compiled = torch.compile(layer, backend="eager", fullgraph=True)
         torch.testing.assert_close(compiled(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
 
 
-@needs_packing
-def test_a_weight_made_in_inference_mode_takes_the_plain_path():
-    with torch.inference_mode():
-        layer = _linear(torch.float32)
-        x = torch.randn(2, 80)
-        assert layer.weight.is_inference()
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
-        assert not hasattr(layer.weight, "_tinyinfer_packed")
-        layer.weight.mul_(2)  # no version counter to see this: which is why it must not be packed
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
-
-
-@needs_packing
-def test_a_used_layer_can_still_be_saved_and_copied():
-    import copy
-    import io
-
-    layer = _linear(torch.float32)
-    x = torch.randn(2, 80)
-    want = layer(x)  # packs
-    buf = io.BytesIO()
-    torch.save(layer, buf)  # the packed copy (not saveable) is left behind
-    buf.seek(0)
-    loaded = torch.load(buf, weights_only=False)
-    torch.testing.assert_close(loaded(x), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(copy.deepcopy(layer)(x), want, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("cls", [Int8Linear, Int4Linear])
+def test_quantized_layers_follow_the_same_rule(cls):
+    """Int8Linear and Int4Linear keep their kernel layouts the same way: built
+    when made, not saved, refused after an in-place edit, rebuilt by repack."""
+    kind = "int8" if cls is Int8Linear else "int4"
+    if not kernel_available(kind, "cpu", torch.float32):
+        pytest.skip(f"torch has no {kind} packed kernel here")
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(0))
+    layer = cls.from_weight(w)
+    assert layer.has_layout()
+    assert set(layer.state_dict()) == ({"weight", "scales"} if kind == "int8" else {"weight", "scales", "zeros"})
+    x = torch.randn(2, 256)
+    want = layer(x)
+    torch.testing.assert_close(copy.deepcopy(layer)(x), want)
+    with torch.no_grad():  # w = scale * q (+ zero): doubling them doubles w
+        layer.scales.mul_(2)
+        if kind == "int4":
+            layer.zeros.mul_(2)
+    with pytest.raises(RuntimeError, match="repack"):
+        layer(x)
+    repack(layer)
+    torch.testing.assert_close(layer(x), 2 * want, rtol=1e-3, atol=1e-3)

@@ -7,35 +7,24 @@ enough to run many steps and many engines.
 - parallel sampling (n) forks the prompt's blocks, copy-on-write runs, and each
   sample equals the same seeded request run alone;
 - seeded sampling and prompt logprobs survive forced preemption in both modes;
-- aborting a swapped-out request, and chunked prefill turned off.
+- aborting a swapped-out request, and chunked prefill turned off;
+- nothing waits forever: unschedulable requests are refused, a step that cannot
+  progress raises;
+- requests and their sequences are counted apart.
 """
 import json
 import random
-import shutil
+import time
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinyinfer import LLM, LLMEngine, SamplingParams
 from tinyinfer.detokenizer import IncrementalDetokenizer
+from tinyinfer.llm_engine import run_until_done
 from tinyinfer.tokenizer import Tokenizer
 
 VOCAB = 49152  # the real tokenizer's, so text and multi-byte characters are real
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_model_dir):
-    """A 2-layer random Llama with the default model's tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir / name, folder / name)
-    return str(folder)
 
 
 def tiny_engine(tiny_dir, **kw):
@@ -47,12 +36,7 @@ def run(engine, requests):
     """requests: {request_id: (prompt ids, SamplingParams)} -> {request_id: final RequestOutput}."""
     for rid, (ids, params) in requests.items():
         engine.add_request({"prompt_token_ids": ids}, params, request_id=rid)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return done
+    return run_until_done(engine)
 
 
 def prompt(n, seed):
@@ -118,10 +102,11 @@ class CountingList(list):
 
 def per_step_work(engine, prompt_ids, max_tokens):
     """Per decode step: (token ids read from the sequence's list, tokens decoded)."""
-    seq = engine.make_sequence({"prompt_token_ids": prompt_ids},
-                               SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    request = engine.make_request({"prompt_token_ids": prompt_ids},
+                                  SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    seq = request.samples[0]
     seq.token_ids = seq.detokenizer.token_ids = CountingList(seq.token_ids)
-    engine.add_sequence(seq)
+    engine.queue_request(request)
     engine.step()  # the prefill (and its prefix-cache hashing) happens once
     reads, decoded = [], []
     while engine.has_unfinished_requests():
@@ -261,9 +246,7 @@ def test_aborting_a_swapped_out_request_frees_its_host_copy(tiny_dir):
     assert victim is not None, "no request was swapped out"
     engine.abort_request(victim)
     assert victim not in engine.model_runner.swapped and victim not in engine.requests
-    finished = {}
-    while engine.has_unfinished_requests():
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    finished = run_until_done(engine)
     assert victim not in finished and len(finished) == 3
     assert all(len(o.outputs[0].token_ids) == 30 for o in finished.values())
     assert engine.block_manager.num_used_blocks == 0 and not engine.model_runner.swapped
@@ -278,13 +261,111 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_fits_it(tiny_dir
     whole = tiny_engine(tiny_dir, max_num_batched_tokens=64, enable_chunked_prefill=False)
     sizes = []
     real_execute = whole.model_runner.execute_model
-    whole.model_runner.execute_model = lambda out: (sizes.append([n for _, n in out.scheduled]), real_execute(out))[1]
+    whole.model_runner.execute_model = lambda out: (sizes.append([e.num_new_tokens for e in out.scheduled]), real_execute(out))[1]
     got = run(whole, reqs)
     assert sizes[0] == [50]  # b's 60 tokens do not fit the 14 left: b waits, whole
     assert sizes[1] == [1, 60]  # next step they fit beside a's decode token
     assert all(n in (1, 50, 60) for step in sizes for n in step)  # never a chunk
     want = run(tiny_engine(tiny_dir, max_num_batched_tokens=32), reqs)  # chunked into 32s
     assert {r: o.outputs[0].token_ids for r, o in got.items()} == {r: o.outputs[0].token_ids for r, o in want.items()}
+
+
+# --- nothing waits forever ------------------------------------------------------------------
+
+
+def test_a_prompt_that_can_never_fit_a_step_is_refused_at_once(tiny_dir):
+    """Without chunked prefill a prompt runs whole, in one step: one longer than
+    max_num_batched_tokens could never run (the engine used to loop forever on
+    it). It is refused when added, naming the settings, and the engine goes on."""
+    llm = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64, enable_chunked_prefill=False,
+              max_num_batched_tokens=32)
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens=32.*enable_chunked_prefill=False"):
+        llm.generate(["word " * 60], SamplingParams(max_tokens=4))
+    assert time.perf_counter() - t < 1.0
+    assert not llm.llm_engine.has_unfinished_requests()
+    out = llm.generate(["word " * 10], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 4
+
+
+def test_recompute_never_grows_a_sequence_past_one_step(tiny_dir):
+    """Without chunked prefill, a recomputed sequence re-reads its prompt and
+    output in one step. Here prompts fit the 24-token budget but replies grow
+    past it, and a 12-block pool forces preemptions: a sequence too long to
+    re-read is swapped instead (it used to wait forever), and every request
+    still gives what it gives alone."""
+    reqs = {f"r{i}": (prompt(12 + 4 * i, 40 + i), SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+            for i in range(3)}
+    alone = {}
+    for rid, req in reqs.items():
+        alone.update(run(tiny_engine(tiny_dir, block_size=8), {rid: req}))
+    busy = tiny_engine(tiny_dir, block_size=8, num_kv_blocks=12, max_num_batched_tokens=24,
+                       enable_chunked_prefill=False, preemption_mode="recompute")
+    got = run(busy, reqs)
+    assert busy.stats.num_swapped_out > 0  # in recompute mode: only the sequences too long to re-read
+    assert busy.stats.num_swapped_in == busy.stats.num_swapped_out and not busy.model_runner.swapped
+    assert {r: o.outputs[0].token_ids for r, o in got.items()} == {r: o.outputs[0].token_ids for r, o in alone.items()}
+
+
+def test_a_step_that_cannot_progress_raises_instead_of_spinning(tiny_dir):
+    """The safety net: were a request that can never run let in (here by
+    skipping the check), step() raises with the state instead of returning
+    nothing forever; aborting it leaves the engine usable."""
+    engine = tiny_engine(tiny_dir, enable_chunked_prefill=False, max_num_batched_tokens=32)
+    engine.scheduler.check_request = lambda request, where: None
+    rid = engine.add_request({"prompt_token_ids": prompt(60, 3)}, SamplingParams(max_tokens=4))
+    with pytest.raises(RuntimeError, match=r"cannot make progress.*60 tokens.*max_num_batched_tokens=32"):
+        engine.step()
+    engine.abort_request(rid)
+    assert not engine.step() and engine.block_manager.num_used_blocks == 0  # idle: an empty step is fine
+    done = run(engine, {"ok": (prompt(20, 4), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))})
+    assert len(done["ok"].outputs[0].token_ids) == 3
+
+
+def test_a_token_budget_smaller_than_a_block_still_schedules(tiny_dir):
+    """A budget below block_size is slow (a 4-token chunk per step), not stuck:
+    it is allowed, and gives the same tokens."""
+    reqs = {"a": (prompt(37, 5), SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
+            "b": (prompt(9, 6), SamplingParams(n=2, max_tokens=5, temperature=1.0, seed=1, ignore_eos=True))}
+    want = run(tiny_engine(tiny_dir), reqs)
+    for chunked in (True, False):
+        budget = 4 if chunked else 10  # without chunking, b's 9-token prompt must fit one step; a is refused
+        engine = tiny_engine(tiny_dir, block_size=16, max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
+        got = run(engine, reqs if chunked else {"b": reqs["b"]})
+        for rid, out in got.items():
+            assert [c.token_ids for c in out.outputs] == [c.token_ids for c in want[rid].outputs]
+
+
+# --- requests and their samples -------------------------------------------------------------
+
+
+def test_stats_count_requests_and_sequences_apart(tiny_dir):
+    """An n=3 request runs as three sequences but is one request; a second
+    request waits for room (max_num_seqs=3)."""
+    engine = tiny_engine(tiny_dir, max_num_seqs=3)
+    engine.add_request({"prompt_token_ids": prompt(10, 7)}, SamplingParams(n=3, max_tokens=5, seed=0),
+                       request_id="three")
+    engine.add_request({"prompt_token_ids": prompt(10, 8)}, SamplingParams(max_tokens=5), request_id="one")
+    engine.step()
+    st = engine.stats
+    assert (st.num_running, st.num_running_reqs, st.num_waiting, st.num_waiting_reqs) == (3, 1, 1, 1)
+    assert list(engine.requests) == ["three", "one"]
+    three = engine.requests["three"]
+    assert [s.index for s in three.samples] == [0, 1, 2] and all(s.request is three for s in three.samples)
+    assert len(vars(three.samples[0])) <= 15  # one sample's state, not the request's
+    done = run(engine, {})
+    assert len(done["three"].outputs) == 3 and done["one"].finished
+    assert engine.stats.num_running_reqs == engine.stats.num_waiting_reqs == 0 and not engine.sampler.states
+
+
+def test_engine_config_and_arguments_must_agree(tiny_dir):
+    from tinyinfer.config import EngineConfig
+
+    cfg = EngineConfig(model=tiny_dir, device="cpu")
+    with pytest.raises(ValueError, match="disagrees with config.model"):
+        LLMEngine("another-model", config=cfg)
+    with pytest.raises(ValueError, match="not both.*max_num_seqs"):
+        LLMEngine(config=cfg, max_num_seqs=2)
 
 
 def test_the_server_returns_n_choices(tiny_dir):

@@ -6,17 +6,17 @@ import pytest
 
 from tinyinfer.metrics import BenchmarkMetrics, LatencyStats, percentile, summarize
 from tinyinfer.outputs import CompletionOutput, RequestOutput
-from tinyinfer.sequence import Sequence
+from tinyinfer.request import Request
 from tinyinfer.sampling import SamplingParams
 
 
 def request(arrival, token_times):
-    """A RequestOutput whose metrics come from the engine's own Sequence.metrics."""
-    seq = Sequence("r", None, [1, 2, 3], SamplingParams(max_tokens=len(token_times) or 1), eos_token_ids=[])
-    seq.arrival_time = arrival
+    """A RequestOutput whose metrics come from the engine's own Request.metrics."""
+    req = Request("r", None, [1, 2, 3], SamplingParams(max_tokens=len(token_times) or 1), arrival_time=arrival)
+    seq = req.samples[0]
     seq.token_times = list(token_times)
     seq.token_ids += range(len(token_times))
-    return seq.to_output()
+    return req.to_output()
 
 
 # arrival at 0; first token after 0.5 s (prefill), then one every 0.1 s

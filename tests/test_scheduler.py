@@ -6,6 +6,7 @@ import pytest
 
 from tinyinfer import LLMEngine, SamplingParams
 from tinyinfer.eval import eval_text
+from tinyinfer.llm_engine import run_until_done
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +31,13 @@ def make_workload(text_ids, n, seed=0, max_prompt=60, max_out=20):
 def run_all(engine, work):
     """Add every request, step until all finish; return outputs by request id order."""
     ids = [engine.add_request(p, sp) for p, sp in work]
-    done, steps = {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-        steps += 1
-        assert steps < 10_000
-    return [done[i] for i in ids]
+    done = run_until_done(engine)  # a step that cannot progress raises: no endless loop
+    return [done[i].outputs[0].token_ids for i in ids]
 
 
 def assert_no_blocks_held(engine):
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
-    assert not bm.block_tables
     assert all(b.ref_count == 0 for b in bm.blocks)
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
@@ -98,8 +92,7 @@ def test_aborts_mid_generation_free_every_block(text_ids):
     assert engine.block_manager.num_used_blocks > 0
     engine.abort_request(ids[::2])
     engine.abort_request("no-such-request")  # ignored
-    while engine.has_unfinished_requests():
-        engine.step()
+    run_until_done(engine)
     assert_no_blocks_held(engine)
     # and the engine still works afterwards
     assert run_all(engine, work[:1])[0]

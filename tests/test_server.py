@@ -182,26 +182,65 @@ def test_models_and_health(client, server):
 
 
 def test_metrics(client, server, engine):
+    """/metrics in Prometheus' format, read with prometheus_client's own parser, under vLLM's names."""
     before = _metrics(server)
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
     after = _metrics(server)
-    assert after["tinyinfer:generation_tokens_total"] - before["tinyinfer:generation_tokens_total"] == 5
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 5
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == len(engine.tokenizer.encode(PROMPT))
     assert after["tinyinfer:kv_cache_blocks_total"] == engine.stats.kv_blocks_total > 0
-    assert after["tinyinfer:generation_tokens_per_second"] > 0
-    # Once idle, nothing is reported as running or holding KV blocks.
+    # One more finished request in each per-request histogram; four gaps between its five tokens.
+    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                 "vllm:request_time_per_output_token_seconds"):
+        assert after[name + "_count"] - before[name + "_count"] == 1
+    assert after["vllm:inter_token_latency_seconds_count"] - before["vllm:inter_token_latency_seconds_count"] == 4
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 1
+    assert after["tinyinfer:engine_steps_total"] - before["tinyinfer:engine_steps_total"] >= 5
+    # Once idle, nothing is reported as running, waiting or holding KV blocks.
     deadline = time.monotonic() + 10
-    while _metrics(server)["tinyinfer:num_requests_running"] and time.monotonic() < deadline:
+    while _metrics(server)["vllm:num_requests_running"] and time.monotonic() < deadline:
         time.sleep(0.05)
     idle = _metrics(server)
-    assert idle["tinyinfer:num_requests_running"] == idle["tinyinfer:num_requests_waiting"] == 0
-    assert idle["tinyinfer:kv_cache_blocks_used"] == 0
+    assert idle["vllm:num_requests_running"] == idle["vllm:num_requests_waiting"] == 0
+    assert idle["tinyinfer:kv_cache_blocks_used"] == idle["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_metrics_names_and_labels_are_vllms(server):
+    """The series a vLLM dashboard reads, with vLLM's types and labels (tests/data holds what vLLM 0.32 serves)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_standin import load_fixture
+
+    def families(text):
+        return {f.name: f for f in text_string_to_metric_families(text)}
+
+    vllm = families(next(e["body"] for e in load_fixture()["exchanges"] if e["name"] == "metrics"))
+    ours = families(httpx.get(server.url + "/metrics").text)
+    shared = {name for name in ours if name.startswith("vllm:")}
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+            "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:time_to_first_token_seconds",
+            "vllm:e2e_request_latency_seconds", "vllm:inter_token_latency_seconds"} <= shared
+    for name in shared:
+        assert name in vllm, f"{name} is not one of vLLM's metrics"
+        assert ours[name].type == vllm[name].type, name
+        assert {s.labels["model_name"] for s in ours[name].samples} == {MODEL}
+        assert {frozenset(s.labels) for s in ours[name].samples} == {frozenset(s.labels) for s in vllm[name].samples}
+        buckets = [[s.labels["le"] for s in f.samples if s.name.endswith("_bucket")] for f in (ours[name], vllm[name])]
+        assert buckets[0] == buckets[1][:len(buckets[0])], name
 
 
 def _metrics(server) -> dict:
+    """{sample name: value}, summed over label values (one model, one engine)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     r = httpx.get(server.url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    lines = [ln for ln in r.text.splitlines() if ln and not ln.startswith("#")]
-    return {name: float(value) for name, value in (ln.split() for ln in lines)}
+    values = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if "le" not in sample.labels:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
 
 
 # --- bad input ------------------------------------------------------------------
@@ -221,6 +260,9 @@ def _metrics(server) -> dict:
     ({"prompt": [10**9]}, 400, "prompt"),  # a token id outside the vocabulary
     ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),  # over max_logprobs (20, vLLM's default)
     ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),  # not supported: must be 0
+    ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream
 ])
 def test_bad_completion_requests(server, body, status, param):
     r = post(server, "/v1/completions", body)
@@ -297,7 +339,7 @@ def test_concurrent_requests_all_complete(client, ref):
 
 
 def test_client_disconnect_aborts_request(server, engine):
-    before = _metrics(server)["tinyinfer:generation_tokens_total"]
+    before = _metrics(server)["vllm:generation_tokens_total"]
     body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body,
                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
@@ -310,7 +352,7 @@ def test_client_disconnect_aborts_request(server, engine):
                 break  # leaving the block closes the connection mid-stream
     assert all(c["choices"][0]["finish_reason"] is None for c in got)
     assert wait_idle(engine), "the abandoned request still holds the engine or its KV blocks"
-    generated = _metrics(server)["tinyinfer:generation_tokens_total"] - before
+    generated = _metrics(server)["vllm:generation_tokens_total"] - before
     assert 0 < generated < 400  # it stopped early: aborted, not run to max_tokens
 
 
@@ -337,7 +379,7 @@ def test_full_queue_answers_429_and_accepted_requests_complete(small):
     assert wait_idle(small.engine)
 
 
-def test_engine_step_failure_gives_500_and_server_keeps_serving(small, monkeypatch):
+def test_engine_step_failure_gives_500_and_server_keeps_serving(small, monkeypatch, caplog):
     engine = small.engine
     real_step = engine.step
 
@@ -347,7 +389,10 @@ def test_engine_step_failure_gives_500_and_server_keeps_serving(small, monkeypat
 
     monkeypatch.setattr(engine, "step", broken_step)
     r = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}, key=None)
-    assert r.status_code == 500 and "simulated fault" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["type"] == "server_error" and "RuntimeError" in err["message"]
+    assert "simulated fault" not in r.text  # the client learns the kind of failure; the log has the rest
+    assert any("simulated fault" in rec.exc_text for rec in caplog.records if rec.exc_text)
     assert wait_idle(engine)
     ok = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}, key=None)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
@@ -368,10 +413,96 @@ def test_engine_step_failure_mid_stream_reports_error_event(small, monkeypatch):
     client = openai.OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0,
                                        stream=True, extra_body={"ignore_eos": True})
-    with pytest.raises(openai.APIError, match="simulated fault"):
+    with pytest.raises(openai.APIError, match="failed while generating.*RuntimeError") as raised:
         for _ in stream:
             pass
+    assert "simulated fault" not in str(raised.value)  # the traceback went to the log, not to the client
     assert wait_idle(engine)
+
+
+def test_internal_errors_are_500s_with_the_traceback_in_the_log(small, monkeypatch, caplog):
+    """Only a bad request is a 400: an engine that fails on add_request, or a bug in
+    the server's own code, is a 500 that names the kind of error, never its text."""
+    engine = small.engine
+
+    def broken_add(*args, **kwargs):
+        raise KeyError("secret internals")
+
+    monkeypatch.setattr(engine, "add_request", broken_add)
+    r = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, key=None)
+    assert r.status_code == 500 and "KeyError" in r.json()["error"]["message"] and "secret" not in r.text
+    monkeypatch.undo()
+    from tinyinfer.server import protocol
+
+    def broken_response(*args):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(protocol, "completion_response", broken_response)
+    r = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, key=None)
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["type"] == "server_error" and "RuntimeError" in err["message"]
+    assert "secret" not in r.text
+    assert sum("secret internals" in (rec.exc_text or "") for rec in caplog.records) == 2  # both tracebacks logged
+    monkeypatch.undo()
+    ok = post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}, key=None)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    assert wait_idle(engine)
+
+
+@pytest.fixture(scope="module")
+def three():
+    """A batch of three sequences (one n=3 request fills it) and room for one waiting request."""
+    engine = make_engine(max_num_seqs=3)
+    with Server(build_app(engine, max_waiting=1, model_name=MODEL)) as s:
+        s.engine = engine
+        yield s
+
+
+def test_requests_with_n_samples_count_as_requests(three):
+    """n=3: the running request is 1 request (not 3 sequences), a second one waits,
+    a third is refused with 429, and every token of every sample is counted."""
+    def stream(first_chunk=None):
+        body = {"prompt": PROMPT, "max_tokens": 48, "temperature": 1.0, "seed": 1, "n": 3, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", three.url + "/v1/completions", json=body, timeout=120) as r:
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    if first_chunk is not None:
+                        first_chunk.set()
+            return r.status_code, events
+
+    def until(cond, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not cond(m := _metrics(three)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return m
+
+    import threading
+
+    before, started = _metrics(three), threading.Event()
+    with cf.ThreadPoolExecutor(2) as pool:
+        a = pool.submit(stream, started)
+        assert started.wait(120)  # a's samples are decoding: the batch of 3 is full
+        running = until(lambda m: m["vllm:num_requests_running"] == 1)
+        assert running["vllm:num_requests_running"] == 1 and running["vllm:num_requests_waiting"] == 0
+        b = pool.submit(stream)
+        waiting = until(lambda m: m["vllm:num_requests_waiting"] == 1)
+        assert not a.done(), "the first request ended before the test could look: make it longer"
+        assert (waiting["vllm:num_requests_running"], waiting["vllm:num_requests_waiting"]) == (1, 1)
+        refused = post(three, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "n": 3}, key=None)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        results = [a.result(), b.result()]
+    prompt_len = len(three.engine.tokenizer.encode(PROMPT))
+    for code, events in results:
+        assert code == 200 and events[-1]["usage"]["completion_tokens"] == 3 * 48
+        assert {c["index"] for e in events for c in e["choices"]} == {0, 1, 2}
+    after = _metrics(three)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 2 * 3 * 48
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == 2 * prompt_len  # once each
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 2
+    assert wait_idle(three.engine)
 
 
 def test_cli_arguments_default_to_localhost():

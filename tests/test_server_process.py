@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from tinyinfer import SamplingParams  # noqa: E402
 from tinyinfer.server import build_app  # noqa: E402
-from tinyinfer.server.async_engine import AsyncEngine  # noqa: E402
+from tinyinfer.server.async_llm import AsyncLLM  # noqa: E402
 from tinyinfer.server.background import BackgroundServer  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -26,15 +26,17 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def spawned():
-    aeng = AsyncEngine.spawn(model=MODEL, dtype="float32", device="cpu", max_num_seqs=4, torch_threads=1)
-    with BackgroundServer(build_app(aeng, model_name=MODEL), startup_timeout_s=300) as server:
-        server.aeng = aeng
+    client = AsyncLLM.spawn(model=MODEL, dtype="float32", device="cpu", max_num_seqs=4, torch_threads=1)
+    with BackgroundServer(build_app(client), startup_timeout_s=300) as server:
+        server.client = client
         yield server
 
 
 def metrics(server) -> dict:
-    lines = [ln for ln in httpx.get(server.url + "/metrics").text.splitlines() if ln and not ln.startswith("#")]
-    return {name: float(value) for name, value in (ln.split() for ln in lines)}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics").text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if "le" not in s.labels}
 
 
 def complete(server, prompt, n, stream=False, **kw):
@@ -47,7 +49,7 @@ def complete(server, prompt, n, stream=False, **kw):
 
 
 def test_core_runs_in_another_process(spawned):
-    assert spawned.aeng.pid is not None and spawned.aeng.pid != os.getpid()
+    assert spawned.client.pid is not None and spawned.client.pid != os.getpid()
 
 
 def test_concurrent_requests_equal_the_offline_engine(spawned, llm):
@@ -65,7 +67,7 @@ def test_bad_prompt_is_400_and_the_core_keeps_serving(spawned):
 
 
 def test_client_disconnect_aborts_in_the_core(spawned):
-    before = metrics(spawned)["tinyinfer:generation_tokens_total"]
+    before = metrics(spawned)["vllm:generation_tokens_total"]
     body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", spawned.url + "/v1/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(line for line in r.iter_lines() if line.startswith("data: ")):
@@ -74,12 +76,12 @@ def test_client_disconnect_aborts_in_the_core(spawned):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = metrics(spawned)
-        if m["tinyinfer:num_requests_running"] == 0 and m["tinyinfer:kv_cache_blocks_used"] == 0:
+        if m["vllm:num_requests_running"] == 0 and m["tinyinfer:kv_cache_blocks_used"] == 0:
             break
         time.sleep(0.1)
     m = metrics(spawned)
-    assert m["tinyinfer:num_requests_running"] == 0 and m["tinyinfer:kv_cache_blocks_used"] == 0
-    assert 0 < m["tinyinfer:generation_tokens_total"] - before < 400  # stopped early: aborted
+    assert m["vllm:num_requests_running"] == 0 and m["tinyinfer:kv_cache_blocks_used"] == 0
+    assert 0 < m["vllm:generation_tokens_total"] - before < 400  # stopped early: aborted
 
 
 def test_core_process_death_is_a_clear_error_not_a_hang(spawned):
@@ -92,7 +94,7 @@ def test_core_process_death_is_a_clear_error_not_a_hang(spawned):
             if line.startswith("data: "):
                 events.append(line[6:])
                 if len(events) == 2:
-                    os.kill(spawned.aeng.pid, signal.SIGKILL)  # as the out-of-memory killer would
+                    os.kill(spawned.client.pid, signal.SIGKILL)  # as the out-of-memory killer would
     assert time.monotonic() - start < 30  # the stream ended by itself, well before 400 tokens
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]

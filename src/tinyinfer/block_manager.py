@@ -22,6 +22,8 @@ Blocks are shared, with reference counts:
   (copy-on-write).
 
 The manager only does bookkeeping on ids; the tensors live in PagedKVCache.
+Each sequence carries its own block table, so the manager keeps nothing per
+sequence: it only knows which blocks are free, shared or cached.
 """
 from __future__ import annotations
 
@@ -44,6 +46,13 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class BlockManager:
+    """Owns the blocks; each sequence owns its block table (seq.block_table, the
+    ids of the blocks that hold its positions, in order) and the count of its
+    blocks filed in the prefix cache (seq.num_hashed_blocks). Every call takes
+    the sequence, as in nano-vllm. A sequence's next write lands at position
+    seq.num_computed_tokens: the block manager reads it to know whether the
+    write falls into a shared block that must be copied first."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         check_int("num_blocks", num_blocks, 1)
         check_int("block_size", block_size, 1)
@@ -54,9 +63,6 @@ class BlockManager:
         # ref_count == 0 blocks, oldest-freed first (an OrderedDict used as an LRU list).
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached_blocks: dict[int, int] = {}  # prefix hash -> block id
-        self.block_tables: dict[str, list[int]] = {}
-        self.num_computed_blocks: dict[str, int] = {}  # full blocks already filed under a hash
-        self.num_slots: dict[str, int] = {}  # tokens each table was last sized for
         self.prefix_cache_hit_tokens = 0  # cumulative, for stats
 
     # --- queries ------------------------------------------------------------
@@ -72,9 +78,6 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil division
 
-    def block_table(self, seq_id: str) -> list[int]:
-        return self.block_tables[seq_id]
-
     # --- prefix caching -------------------------------------------------------
 
     @staticmethod
@@ -82,15 +85,15 @@ class BlockManager:
         """A block's key: its tokens *and* everything before them (via the parent's hash)."""
         return hash((parent_hash, tuple(token_ids)))
 
-    def match_prefix(self, token_ids: list[int]) -> list[int]:
-        """Ids of cached blocks holding a prefix of token_ids, in order.
+    def match_prefix(self, seq) -> list[int]:
+        """Ids of cached blocks holding a prefix of seq's tokens, in order.
 
-        Only blocks inside token_ids[:-1] count: the last prompt token must be
-        computed anyway, because its output is the next token's distribution."""
+        Only blocks inside token_ids[:-1] count: the last token must be computed
+        anyway, because its output is the next token's distribution."""
         if not self.enable_prefix_caching:
             return []
         hits, parent = [], None
-        bs = self.block_size
+        bs, token_ids = self.block_size, seq.token_ids
         for i in range((len(token_ids) - 1) // bs):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self.hash_block(parent, chunk)
@@ -103,108 +106,100 @@ class BlockManager:
 
     # --- allocation -------------------------------------------------------------
 
-    def can_allocate(self, seq_id: str, token_ids: list[int], num_tokens: int, hits: list[int] | None = None) -> bool:
-        """Could this sequence hold num_tokens tokens now (its first allocation,
-        or growth of an existing table)? `hits`: match_prefix(token_ids), if the
-        caller has it already (the scheduler walks the prefix once per admission)."""
-        if seq_id in self.block_tables:
-            return self.can_append(seq_id, num_tokens)
-        hits = self.match_prefix(token_ids) if hits is None else hits
+    def can_allocate(self, seq, num_tokens: int, hits: list[int] | None = None) -> bool:
+        """Could a sequence without blocks get them for its first num_tokens tokens
+        now? `hits`: match_prefix(seq), if the caller has it already (the
+        scheduler matches once per admission; [] to use no cached block)."""
+        hits = self.match_prefix(seq) if hits is None else hits
         # A hit block nobody uses sits in the free list; reviving it uses up one free block.
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return self.blocks_for(num_tokens) - len(hits) + revived <= self.num_free_blocks
 
-    def can_append(self, seq_id: str, num_tokens: int) -> bool:
-        """Could this sequence's table grow to num_tokens tokens now (counting the
-        copy a shared, partly filled last block needs)?"""
-        return self._blocks_needed(seq_id, num_tokens)[0] <= self.num_free_blocks
-
-    def allocate(self, seq_id: str, token_ids: list[int], num_tokens: int, hits: list[int] | None = None) -> int:
-        """Give a new sequence blocks for its first num_tokens tokens; return how
-        many leading tokens were found in the prefix cache (already computed)."""
-        if seq_id in self.block_tables:
-            raise ValueError(f"sequence {seq_id!r} already has blocks")
-        hits = self.match_prefix(token_ids) if hits is None else hits
-        if not self.can_allocate(seq_id, token_ids, num_tokens, hits):
+    def allocate(self, seq, num_tokens: int, hits: list[int] | None = None) -> int:
+        """Give a sequence without blocks a table for its first num_tokens tokens,
+        starting with the cached blocks `hits` (default: match_prefix(seq)).
+        Returns how many leading tokens those hold (already computed)."""
+        if seq.block_table:
+            raise ValueError(f"sequence {seq.seq_id!r} already has blocks")
+        hits = self.match_prefix(seq) if hits is None else hits
+        if not self.can_allocate(seq, num_tokens, hits):
             raise NoFreeBlocksError(f"not enough free KV blocks for {num_tokens} tokens")
         for block_id in hits:
             self._take(block_id)
+        seq.block_table = list(hits)
+        seq.num_hashed_blocks = len(hits)
+        while len(seq.block_table) < self.blocks_for(num_tokens):
+            seq.block_table.append(self._pop_free())
         cached = len(hits) * self.block_size
-        self.block_tables[seq_id] = list(hits)
-        self.num_computed_blocks[seq_id] = len(hits)
-        self.num_slots[seq_id] = cached
-        self.append_slots(seq_id, max(num_tokens, cached))
         self.prefix_cache_hit_tokens += cached
         return cached
 
-    def _blocks_needed(self, seq_id: str, num_tokens: int) -> tuple[int, bool]:
-        """(free blocks needed to hold num_tokens, whether the last block must be copied first)."""
-        table, old = self.block_tables[seq_id], self.num_slots.get(seq_id, 0)
-        if num_tokens <= old:
-            return 0, False
-        # The next write lands in the last block if it is partly filled. If another
-        # sequence shares that block (fork), writing would change its past: copy first.
-        cow = bool(table) and old % self.block_size != 0 and self.blocks[table[-1]].ref_count > 1
-        return self.blocks_for(num_tokens) - len(table) + cow, cow
+    def _blocks_needed(self, seq, num_tokens: int) -> tuple[int, bool]:
+        """(free blocks needed to hold num_tokens, whether the block the next write
+        lands in must be copied first)."""
+        table, start = seq.block_table, seq.num_computed_tokens
+        # The next write (position `start`) lands in a block already in the table
+        # when that block is partly filled. If another sequence shares it (fork),
+        # writing would change that sequence's past: copy it first.
+        cow = num_tokens > start and start % self.block_size != 0 and start // self.block_size < len(table) \
+            and self.blocks[table[start // self.block_size]].ref_count > 1
+        return max(0, self.blocks_for(num_tokens) - len(table)) + cow, cow
 
-    def append_slots(self, seq_id: str, num_tokens: int) -> list[tuple[int, int]]:
-        """Grow a sequence's table to hold num_tokens tokens. Returns (src, dst)
-        block copies the cache must make: copy-on-write for a shared last block."""
-        table = self.block_tables[seq_id]
-        if num_tokens <= self.num_slots.get(seq_id, 0):
-            return []
-        need, cow = self._blocks_needed(seq_id, num_tokens)
+    def can_append(self, seq, num_tokens: int) -> bool:
+        """Could seq's table grow to hold num_tokens tokens now (counting the copy
+        a shared, partly filled block needs)?"""
+        return self._blocks_needed(seq, num_tokens)[0] <= self.num_free_blocks
+
+    def append_slots(self, seq, num_tokens: int) -> list[tuple[int, int]]:
+        """Grow seq's table to hold num_tokens tokens. Returns (src, dst) block
+        copies the cache must make: copy-on-write for a shared block it writes."""
+        need, cow = self._blocks_needed(seq, num_tokens)
         if need > self.num_free_blocks:
-            raise NoFreeBlocksError(f"sequence {seq_id!r} needs {need} more KV blocks; {self.num_free_blocks} are free")
-        copies = []
+            raise NoFreeBlocksError(f"sequence {seq.seq_id!r} needs {need} more KV blocks; "
+                                    f"{self.num_free_blocks} are free")
+        table, copies = seq.block_table, []
         if cow:
+            i = seq.num_computed_tokens // self.block_size
             new = self._pop_free()
-            self._release(table[-1])
-            copies.append((table[-1], new))
-            table[-1] = new
+            self._release(table[i])
+            copies.append((table[i], new))
+            table[i] = new
         while len(table) < self.blocks_for(num_tokens):
             table.append(self._pop_free())
-        self.num_slots[seq_id] = num_tokens
         return copies
 
-    def fork(self, parent_id: str, child_id: str) -> None:
+    def fork(self, parent, child) -> None:
         """The child shares every block of the parent (no copy until one writes)."""
-        if child_id in self.block_tables:
-            raise ValueError(f"sequence {child_id!r} already has blocks")
-        table = self.block_tables[parent_id]
-        for block_id in table:
+        if child.block_table:
+            raise ValueError(f"sequence {child.seq_id!r} already has blocks")
+        for block_id in parent.block_table:
             self.blocks[block_id].ref_count += 1
-        self.block_tables[child_id] = list(table)
-        self.num_computed_blocks[child_id] = self.num_computed_blocks[parent_id]
-        self.num_slots[child_id] = self.num_slots[parent_id]
+        child.block_table = list(parent.block_table)
+        child.num_hashed_blocks = parent.num_hashed_blocks
 
-    def free(self, seq_id: str) -> None:
+    def free(self, seq) -> None:
         """Release a finished, aborted or preempted sequence's blocks. Tail blocks
         are freed first, so a prefix's head stays cached longest."""
-        table = self.block_tables.pop(seq_id, None)
-        self.num_computed_blocks.pop(seq_id, None)
-        self.num_slots.pop(seq_id, None)
-        for block_id in reversed(table or []):
+        for block_id in reversed(seq.block_table):
             self._release(block_id)
+        seq.block_table, seq.num_hashed_blocks = [], 0
 
-    def mark_computed(self, seq_id: str, token_ids: list[int], num_computed_tokens: int) -> None:
-        """File every block that is now full and computed under its prefix hash,
-        so later prompts can reuse it."""
+    def mark_computed(self, seq) -> None:
+        """File every block of seq that is now full and computed (up to
+        seq.num_computed_tokens) under its prefix hash, so later prompts can reuse it."""
         if not self.enable_prefix_caching:
             return
-        table = self.block_tables[seq_id]
-        done = self.num_computed_blocks[seq_id]
-        bs = self.block_size
+        table, done, bs = seq.block_table, seq.num_hashed_blocks, self.block_size
         parent = self.blocks[table[done - 1]].hash if done else None
-        for i in range(done, min(num_computed_tokens // bs, len(table))):
+        for i in range(done, min(seq.num_computed_tokens // bs, len(table))):
             block = self.blocks[table[i]]
-            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            chunk = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = self.hash_block(parent, chunk)
             if block.hash is None:
                 block.hash, block.token_ids = h, chunk
                 self.cached_blocks.setdefault(h, block.block_id)
             parent = block.hash
-            self.num_computed_blocks[seq_id] = i + 1
+            seq.num_hashed_blocks = i + 1
 
     def reset_prefix_cache(self) -> int:
         """Forget the prefixes cached in free blocks (vLLM's reset_prefix_cache),
@@ -241,7 +236,8 @@ class BlockManager:
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
+        if block.ref_count <= 0:  # a bookkeeping bug: raise even under python -O, where an assert vanishes
+            raise RuntimeError(f"block {block_id} freed twice (its reference count is already 0)")
         block.ref_count -= 1
-        assert block.ref_count >= 0, f"block {block_id} freed twice"
         if block.ref_count == 0:
             self.free_block_ids[block_id] = None  # to the back: freed most recently

@@ -12,6 +12,7 @@ tokens higher (chapter 10).
 """
 from __future__ import annotations
 
+from .llm_engine import run_until_done
 from .sampling import SamplingParams
 
 
@@ -21,12 +22,10 @@ def log_steps(llm, prompts, params: SamplingParams) -> list[dict]:
     engine = llm.llm_engine
     for prompt in prompts:
         engine.add_request(prompt, params)
-    steps = []
-    while engine.has_unfinished_requests():
-        engine.step()
-        st = engine.stats
-        steps.append({"num_prefill_tokens": st.num_prefill_tokens, "num_decode_tokens": st.num_decode_tokens,
-                      "step_time_s": st.step_time_s})
+    steps, st = [], engine.stats
+    run_until_done(engine, on_step=lambda: steps.append({"num_prefill_tokens": st.num_prefill_tokens,
+                                                          "num_decode_tokens": st.num_decode_tokens,
+                                                          "step_time_s": st.step_time_s}))
     return steps
 
 

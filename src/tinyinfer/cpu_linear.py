@@ -1,4 +1,4 @@
-"""Linear layers on a CPU, with the weights laid out once for oneDNN.
+"""Kernel layouts on a CPU, made by one explicit pass: pack_for_cpu(model).
 
 A decode step is mostly reading weights: every matrix is multiplied by one row
 per sequence (chapter 4). How fast a CPU reads them depends on the kernel, not
@@ -6,27 +6,49 @@ only on the bytes. PyTorch's `F.linear` hands oneDNN (or MKL) the weight in its
 plain row-major layout on every call, and the library must then work from a
 layout that suits none of its vector kernels. oneDNN can instead reorder the
 weight once into its own blocked layout ("packing"), after which every call
-streams it straight into the AVX-512 kernels. On the course's machine (2 cores,
+streams it straight into its vector kernels. On the course's machine (2 cores,
 AVX-512 with BF16) a decode step's products over SmolLM2's weights ran 1.4x as
 fast as `F.linear` in bf16 and 1.9-2.1x as fast in fp32, at batch 1 to 32
 (`python benchmarks/linear.py` measures it on the reader's machine).
 vLLM's CPU backend does the same: it builds a oneDNN matmul with a prepacked
 weight for every dense layer (`dispatch_cpu_unquantized_gemm` in
-vllm/model_executor/layers/utils.py).
+vllm/model_executor/layers/utils.py). The result is the same product: oneDNN
+accumulates in fp32, as `F.linear` does; only the order of the additions differs.
 
-The result is the same product: in bf16 and fp32 alike oneDNN accumulates in
-fp32, as `F.linear` does, and only the order of the additions may differ.
+model.py stays plain PyTorch (nn.Linear everywhere). This file turns a model
+into one that reads packed weights, in the way gpt-fast turns one into a
+quantized model: by swapping modules (`pack_for_cpu`), each of which owns its
+kernel layout. quant.Int8Linear and quant.Int4Linear keep theirs by the same
+rule, so there is one rule for every kernel layout in the engine:
 
-The packed copy is made on first use and kept beside the weight (one more copy
-of the weight's bytes in host memory); it is remade if the weight changes.
-It is wrapped in a custom operator, `torch.ops.tinyinfer.linear`, so that
-torch.compile (enforce_eager=False) keeps calling it as one opaque kernel and
-fuses the small operators around it.
+  1. The layout is a non-persistent buffer, derived from the module's own
+     weights. state_dict, torch.save and copy.deepcopy carry only the weights;
+     a loaded or copied module builds its layout again.
+  2. It is built by `repack()`: by pack_for_cpu and quant.quantize_model when
+     the module is made, by load_state_dict and .to() (which change the
+     weights), and by `repack(model)` after you edit weights yourself. Never
+     lazily inside forward.
+  3. forward reads it only when that kernel can serve the call: a CPU input of
+     the layout's dtype, and no gradient wanted (these kernels have no
+     backward). Anything else takes the plain path (F.linear, or de-quantize
+     then matmul), which autograd understands.
+  4. An in-place edit of a weight (`w.mul_(2)`, `w[0] = 0`) bumps its version
+     counter, and forward then refuses the stale layout with an error that
+     says to call repack(model). An edit through `w.data` is invisible (`.data`
+     is an alias with a counter of its own): after one, call repack(model),
+     or the kernel keeps reading the old weights.
+
+Which kernel a layout is for is decided here, once, for the CPU at hand
+(`PACKED_DTYPES`): the packed fp32 kernel everywhere oneDNN is built in; bf16
+only where the CPU has bf16 units (AVX-512 BF16, AMX), since elsewhere oneDNN
+would emulate bf16; there a bf16 layer keeps no layout and multiplies a
+prompt's rows in fp32 instead (`UPCAST_DTYPES`), decode rows in bf16.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def _onednn_dtypes() -> tuple[torch.dtype, ...]:
@@ -35,63 +57,192 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
         return ()
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return torch.float32, torch.bfloat16
-    return (torch.float32,)  # without AVX-512 BF16, bf16 would be emulated: keep F.linear
+    return (torch.float32,)  # without AVX-512 BF16, bf16 would be emulated (UPCAST_DTYPES)
 
 
 PACKED_DTYPES = _onednn_dtypes()
 
-
-def use_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """True when linear(x, weight) can run the packed kernel: a CPU tensor of a
-    packable dtype, no bias (the course's models have none) and no gradient
-    wanted (the packed kernel has no backward)."""
-    return (x.is_cpu and x.dtype is weight.dtype and weight.dtype in PACKED_DTYPES and bias is None
-            and not (weight.requires_grad and torch.is_grad_enabled()))
-
-
-class PackedCopy:
-    """A weight's packed copy, kept on the weight as `_tinyinfer_packed`. It is
-    a cache: saving or copying the weight (torch.save, copy.deepcopy) leaves it
-    behind (oneDNN's layout cannot be saved), and the next call packs again."""
-
-    def __init__(self, key=None, tensor=None):
-        self.key, self.tensor = key, tensor
-
-    def __reduce__(self):
-        return PackedCopy, ()
+# A CPU without bf16 units (AVX2 laptops, AVX-512 without BF16) multiplies bf16
+# by converting every weight to fp32 inside the kernel, once per input row: a
+# 128-token prompt converts each weight 128 times. Converting the weight once,
+# then one fp32 product, gives the same numbers (both accumulate in fp32 and
+# round the result to bf16 once; only the order of the additions differs) and
+# was 5.4x as fast for 128 rows on an AVX2 EPYC, 1.9x for 8, 1.3x for 4, but
+# 2.2x slower for one row (decode), where the conversion costs more than the
+# product it saves. So multi-row bf16 products take the fp32 path here.
+UPCAST_DTYPES = () if torch.bfloat16 in PACKED_DTYPES else (torch.bfloat16,)
+UPCAST_MIN_ROWS = 4
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked copy of `weight`, made once and remade whenever the
-    weight's memory, contents (its version counter) or dtype change."""
-    key = (weight.data_ptr(), weight._version, weight.dtype)
-    cached = getattr(weight, "_tinyinfer_packed", None)
-    if cached is None or cached.key != key:
-        # batch-size hint 1: the layout suited to decode; measured as fast as a
-        # larger hint for batches up to 32 here.
-        cached = PackedCopy(key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
-        weight._tinyinfer_packed = cached
-    return cached.tensor
+def packable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Does oneDNN's packed kernel serve this layer here? A CPU weight of a dtype
+    this CPU runs natively, and no bias (the course's models have none)."""
+    return weight.is_cpu and weight.dtype in PACKED_DTYPES and bias is None
 
 
-def linear_packed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T through the packed weight: F.linear(x, weight), read faster.
-
-    A weight made inside torch.inference_mode keeps no version counter, so a
-    change to it could not be noticed and a packed copy could go stale: such a
-    weight takes the plain path."""
-    if weight.is_inference():
-        return F.linear(x, weight)
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), None, "none", [], "")
+def swappable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Does pack_for_cpu give this layer a PackedLinear? Where it packs, or where
+    its dtype takes the fp32 path for multi-row inputs (UPCAST_DTYPES)."""
+    return packable(weight, bias) or (weight.is_cpu and weight.dtype in UPCAST_DTYPES and bias is None)
 
 
-@torch.library.custom_op("tinyinfer::linear", mutates_args=())
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """linear_packed as an operator torch.compile can call but need not trace."""
-    return linear_packed(x, weight)
+def wants_grad(x: torch.Tensor) -> bool:
+    """Would autograd need this call's backward? Then no packed kernel may serve it."""
+    return torch.is_grad_enabled() and x.requires_grad
 
 
-@linear.register_fake
-def _(x, weight):  # the output's shape, for torch.compile's tracing
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _versions(tensors) -> tuple | None:
+    """Version counters of the tensors a layout was made from. Tensors made in
+    inference mode keep none, so an edit to them cannot be noticed (rule 4)."""
+    if any(t.is_inference() for t in tensors):
+        return None
+    return tuple(t._version for t in tensors)
 
+
+class PackedModule(nn.Module):
+    """A module that keeps a kernel layout of its weights (the rule above).
+
+    A subclass names the tensors its layout is made from (`layout_sources`),
+    lists its layout buffers (`LAYOUT`), and builds them (`build_layout`)."""
+
+    LAYOUT: tuple[str, ...] = ()
+
+    def layout_sources(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def build_layout(self) -> None:
+        """Set every buffer in LAYOUT (None where this CPU has no kernel for it)."""
+        raise NotImplementedError
+
+    def clear_layout(self) -> None:
+        for name in self.LAYOUT:
+            self.register_buffer(name, None, persistent=False)
+        self._layout_versions = None
+
+    def repack(self) -> None:
+        """(Re)build the kernel layout from the weights as they are now."""
+        self.clear_layout()
+        with torch.no_grad():
+            self.build_layout()
+        self._layout_versions = _versions(self.layout_sources())
+
+    def check_layout(self) -> None:
+        """Rule 4: refuse a layout older than its weights' last in-place edit."""
+        if self._layout_versions is None or torch.compiler.is_compiling():
+            return  # compiled graphs were traced from a checked model
+        if _versions(self.layout_sources()) != self._layout_versions:
+            raise RuntimeError(f"{type(self).__name__}: its weights were changed in place after their kernel layout "
+                               "was made; call tinyinfer.cpu_linear.repack(model) after editing weights")
+
+    # --- the weights change: make the layout again --------------------------------
+
+    def _apply(self, fn, recurse=True):  # .to(), .float(), .cuda(): no stale host copy survives a move
+        self.clear_layout()
+        super()._apply(fn, recurse)
+        self.repack()
+        return self
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self.repack()
+
+    def __getstate__(self):  # pickling and deepcopy: the weights, not the layout (rule 1)
+        state = self.__dict__.copy()
+        state["_buffers"] = {k: v for k, v in self._buffers.items() if k not in self.LAYOUT}
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.repack()
+
+
+class PackedLinear(nn.Linear, PackedModule):
+    """nn.Linear whose weight is also kept in oneDNN's blocked layout, read by
+    every call that the packed kernel can serve. Same parameters and names as the
+    nn.Linear it replaces (the weight is the same Parameter object), so tied
+    weights stay tied and checkpoints load as before. A bf16 layer on a CPU
+    without bf16 units keeps no layout (packed_weight is None) and instead
+    multiplies several rows at once in fp32 (UPCAST_DTYPES)."""
+
+    LAYOUT = ("packed_weight",)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "PackedLinear":
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        new.weight, new.bias = linear.weight, linear.bias  # the same Parameters: nothing is copied
+        new.repack()
+        return new
+
+    def layout_sources(self):
+        return (self.weight,)
+
+    def build_layout(self):
+        packed = pack_weight(self.weight) if packable(self.weight, self.bias) else None
+        self.register_buffer("packed_weight", packed, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_weight is None or x.dtype is not self.weight.dtype or not x.is_cpu or wants_grad(x) \
+                or (torch.is_grad_enabled() and self.weight.requires_grad):
+            if x.dtype is self.weight.dtype and x.dtype in UPCAST_DTYPES and x.is_cpu \
+                    and x.numel() // self.in_features >= UPCAST_MIN_ROWS:
+                # fp32 product, one rounding to bf16 (autograd follows the casts)
+                return F.linear(x.float(), self.weight.float()).to(x.dtype)
+            return F.linear(x, self.weight, self.bias)
+        self.check_layout()
+        if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
+            return torch.ops.tinyinfer.packed_linear(x, self.packed_weight, self.out_features)
+        return linear_packed(x, self.packed_weight)  # eager: skip the custom operator's dispatch
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of a [out, in] weight (an opaque tensor, layout torch._mkldnn)."""
+    # batch-size hint 1: the layout suited to decode; measured as fast as a
+    # larger hint for batches up to 32 on the course's machine.
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def linear_packed(x: torch.Tensor, packed_weight: torch.Tensor) -> torch.Tensor:
+    """x @ W.T through oneDNN's packed copy of W (PackedLinear.packed_weight)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, None, "none", [], "")
+
+
+@torch.library.custom_op("tinyinfer::packed_linear", mutates_args=())
+def _packed_linear_op(x: torch.Tensor, packed_weight: torch.Tensor, out_features: int) -> torch.Tensor:
+    """linear_packed as an operator torch.compile calls but need not trace."""
+    return linear_packed(x, packed_weight)
+
+
+@_packed_linear_op.register_fake
+def _(x, packed_weight, out_features):  # the output's shape, for torch.compile's tracing
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+# ----------------------------------------------------------------- the pass
+
+
+def pack_for_cpu(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Give every linear layer of `model` the fastest kernel layout this CPU has, in place.
+
+    Each nn.Linear becomes a PackedLinear (where oneDNN packs its dtype; others
+    stay as they are), and every module that keeps a layout (quantized layers
+    too, for activations of `dtype`: by default the dtype of the model's first
+    floating-point parameter, its embedding) builds it now. Call it after
+    loading and after quantizing; the engine does. Returns the model."""
+    if dtype is None:
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and swappable(child.weight, child.bias):
+                setattr(parent, name, PackedLinear.from_linear(child))
+            elif hasattr(child, "kernel_dtype"):  # a quantized layer: activations arrive in `dtype`
+                child.kernel_dtype = dtype
+    return repack(model)
+
+
+def repack(model: nn.Module) -> nn.Module:
+    """Rebuild every kernel layout in `model` from its weights as they are now.
+    Call it after editing weights in place (through .data especially: rule 4)."""
+    for m in model.modules():
+        if isinstance(m, PackedModule):
+            m.repack()
+    return model

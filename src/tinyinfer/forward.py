@@ -16,8 +16,7 @@ import dataclasses
 
 import torch
 
-from .kv_cache import KVCache
-from .model import AttentionMetadata, causal_mask
+from .kv_cache import AttentionMetadata, KVCache, causal_mask
 
 
 def new_cache(model, max_len: int, batch_size: int = 1, num_layers: int | None = None) -> KVCache:

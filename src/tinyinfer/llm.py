@@ -64,8 +64,8 @@ class LLM:
             raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
         engine = self.llm_engine
         # Build and check every request before queueing any, so a bad one changes nothing.
-        seqs = [engine.make_sequence(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
-        ids = [engine.add_sequence(s) for s in seqs]
+        requests = [engine.make_request(p, sp, prompt_index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        ids = [engine.queue_request(r) for r in requests]
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         try:

@@ -10,9 +10,13 @@ Requests may arrive at any time. Each step() is four calls: the scheduler
 decides what runs, the model runner runs it, the sampler draws a token for
 every sequence that needs one, and the scheduler appends those tokens, applies
 the stopping rules and frees what finished. LLM.generate, LLM.stream and the
-HTTP server are all loops around step(). Every setting lives in EngineConfig
-(config.py); scheduling="static" swaps in static_batching.py's scheduler and
-runner, behind the same four calls.
+HTTP server are all loops around step(); run_until_done(engine) is the
+plainest one. Every setting lives in EngineConfig (config.py);
+scheduling="static" swaps in static_batching.py's scheduler and runner, behind
+the same four calls.
+
+The engine keeps one Request (request.py) per unfinished id; the scheduler
+runs its samples, one Sequence each.
 """
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ import torch
 from .block_manager import BlockManager
 from .checks import check_context_window, check_prompt_ids
 from .config import EngineConfig, resolve_device, resolve_dtype
+from .cpu_linear import pack_for_cpu
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
-from .sampling import Sampler, SamplingParams, make_generator
+from .request import Request
+from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from .sequence import Sequence
 from .tokenizer import Tokenizer
 from .weights import load_model, read_config, resolve_model
 
@@ -39,6 +44,11 @@ DEFAULT_KV_CACHE_BYTES = {"cpu": 512 * 2**20, "cuda": 8 * 2**30}
 class LLMEngine:
     def __init__(self, model: str | None = None, config: EngineConfig | None = None, **engine_args):
         """LLMEngine(model, **settings), settings as in EngineConfig, or LLMEngine(config=EngineConfig(...))."""
+        if config is not None and engine_args:
+            raise ValueError(f"config: pass the settings either in config or as keyword arguments, not both "
+                             f"(got config and {', '.join(sorted(engine_args))})")
+        if config is not None and model is not None and model != config.model:
+            raise ValueError(f"model={model!r} disagrees with config.model={config.model!r}; give it once")
         if model is not None:
             engine_args["model"] = model
         self.config = cfg = config or EngineConfig(**engine_args)  # checks the cheap settings before loading
@@ -53,13 +63,17 @@ class LLMEngine:
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
         self.tokenizer = Tokenizer(folder)
-        eos = set(self.model_config.eos_token_ids) | {self.tokenizer.eos_token_id} - {None}
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted(eos)
         model_ = load_model(folder, self.dtype, self.device)
         if cfg.quantization is not None:  # weight-only: swap each decoder Linear for its quantized twin
             from .quant import quantize_model
 
             quantize_model(model_, cfg.quantization, cfg.group_size)
+        if self.device.type == "cpu":  # kernel layouts for this CPU, made once (cpu_linear.py)
+            pack_for_cpu(model_)
         self.kv_bytes_per_token = int(self.model_config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8))
         num_blocks = cfg.num_kv_blocks or max(1, (cfg.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES[
             self.device.type]) // (self.kv_bytes_per_token * cfg.block_size))
@@ -76,7 +90,7 @@ class LLMEngine:
             self.model_runner = ModelRunner(model_, self.device, self.dtype, num_blocks, cfg.block_size,
                                             cfg.enforce_eager)
         self.sampler = Sampler(self.tokenizer.decode)
-        self.requests: dict[str, Sequence] = {}  # unfinished requests, by id (their first sample)
+        self.requests: dict[str, Request] = {}  # unfinished requests, by id
         self._ids = itertools.count()
         self.stats = SchedulerStats(kv_blocks_total=num_blocks, kv_blocks_free=num_blocks, block_size=cfg.block_size,
                                     kv_bytes_per_block=self.kv_bytes_per_token * cfg.block_size)
@@ -92,24 +106,28 @@ class LLMEngine:
                     arrival_time: float | None = None) -> str:
         """Validate and queue one request; return its id. Raises ValueError, naming
         the field, before anything changes."""
-        return self.add_sequence(self.make_sequence(prompt, params, request_id, arrival_time))
+        return self.queue_request(self.make_request(prompt, params, request_id, arrival_time))
 
-    def add_sequence(self, seq: Sequence) -> str:
-        """Queue a request already built (and checked) by make_sequence."""
-        if seq.request_id in self.requests:
-            raise ValueError(f"request_id={seq.request_id!r} is already in use by an unfinished request")
-        self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
-        return seq.request_id
+    def queue_request(self, request: Request) -> str:
+        """Queue a request already built (and checked) by make_request."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id={request.request_id!r} is already in use by an unfinished request")
+        self.requests[request.request_id] = request
+        self.scheduler.add(request)
+        return request.request_id
 
     def abort_request(self, request_id) -> None:
         """Stop requests (an id or a list of ids) and free their KV blocks. Unknown
         or already finished ids are ignored."""
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            for seq in getattr(self.requests.pop(rid, None), "samples", []):
-                seq.finish_reason = seq.finish_reason or "abort"
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            for seq in request.samples:
+                seq.abort()
                 self.scheduler.finish(seq)
                 self.model_runner.drop_swapped(seq.seq_id)  # a swapped-out sequence's host copy
+            self._release(request)
         self.scheduler.record_stats(self.stats)
 
     def reset_prefix_cache(self) -> int:
@@ -122,9 +140,11 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
-    def make_sequence(self, prompt, params, request_id=None, arrival_time=None, index: int | None = None) -> Sequence:
-        """Check a request and build its Sequence, changing nothing in the engine."""
-        where = "prompt" if index is None else f"prompts[{index}]"
+    def make_request(self, prompt, params, request_id=None, arrival_time=None,
+                     prompt_index: int | None = None) -> Request:
+        """Check a request and build it, changing nothing in the engine.
+        prompt_index: its place in LLM.generate's list, for the error messages."""
+        where = "prompt" if prompt_index is None else f"prompts[{prompt_index}]"
         p = params if params is not None else SamplingParams()
         if not isinstance(p, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(p).__name__}")
@@ -134,10 +154,10 @@ class LLMEngine:
         rid = str(next(self._ids)) if request_id is None else str(request_id)
         if rid in self.requests:
             raise ValueError(f"request_id={rid!r} is already in use by an unfinished request")
-        seq = Sequence(rid, text, ids, p, self.eos_token_ids, make_generator(p.seed, self.device),
-                       self.tokenizer.decode, time.perf_counter() if arrival_time is None else arrival_time)
-        self.scheduler.check_request(seq, where)
-        return seq
+        request = Request(rid, text, ids, p, self.eos_token_ids, self.tokenizer.decode,
+                          time.perf_counter() if arrival_time is None else arrival_time)
+        self.scheduler.check_request(request, where)
+        return request
 
     def _tokenize(self, prompt, where: str) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -168,12 +188,31 @@ class LLMEngine:
         self.stats.step_time_s = time.perf_counter() - t0
         return outputs
 
-    def _make_outputs(self, progressed: list[Sequence]) -> list[RequestOutput]:
+    def _make_outputs(self, progressed) -> list[RequestOutput]:
         """One output per request (its n samples together); finished requests leave."""
         outputs = []
         for rid in dict.fromkeys(seq.request_id for seq in progressed):
-            out = self.requests[rid].to_output(streaming=True)
-            outputs.append(out)
-            if out.finished:
-                del self.requests[rid]
+            request = self.requests[rid]
+            outputs.append(request.to_output(streaming=True))
+            if request.finished:
+                self._release(request)
         return outputs
+
+    def _release(self, request: Request) -> None:
+        """A request leaves the engine: nothing more is kept about it."""
+        del self.requests[request.request_id]
+        self.sampler.free(request.samples)
+
+
+def run_until_done(engine: LLMEngine, on_step=None) -> dict[str, RequestOutput]:
+    """Step `engine` until every request in it has finished; return each one's
+    final RequestOutput by request id, in the order they finished. `on_step()`,
+    if given, is called after every step (e.g. to read engine.stats)."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        if on_step is not None:
+            on_step()
+    return done

@@ -1,7 +1,8 @@
 """Latency and throughput across many requests, the way serving benchmarks
 report them (vLLM's `vllm bench serve` uses the same definitions).
 
-Each RequestOutput carries its own timings in `.metrics` (see sequence.py):
+Each RequestOutput carries its own timings in `.metrics` (see request.py),
+defined once, in token_latencies below:
 
     ttft  time to first token: arrival -> first token (queueing + prefill)
     tpot  time per output token after the first: (last - first) / (n - 1)
@@ -32,6 +33,27 @@ def percentile(values, q: float) -> float:
     nearest ranks: numpy's default, as vLLM's benchmark uses. NaN if empty."""
     values = list(values)
     return float(np.percentile(values, q)) if values else math.nan
+
+
+def token_latencies(start: float, times: list[float], num_tokens: int | None = None, with_itl: bool = True) -> dict:
+    """One request's latencies, from `start` (its arrival, or when a client sent
+    it) and the times its tokens came, or the chunks that carried them:
+
+        ttft  times[0] - start
+        tpot  (times[-1] - times[0]) / (num_tokens - 1), None below 2 tokens
+        e2e   times[-1] - start
+        itl   every gap between consecutive times (with_itl: it costs O(reply))
+
+    num_tokens defaults to len(times); a server that sends several tokens in one
+    chunk reports more tokens than there are chunks. {} when nothing came."""
+    if not times:
+        return {}
+    n = len(times) if num_tokens is None else num_tokens
+    m = {"ttft": times[0] - start, "tpot": (times[-1] - times[0]) / (n - 1) if n > 1 else None,
+         "e2e": times[-1] - start}
+    if with_itl:
+        m["itl"] = [b - a for a, b in zip(times, times[1:])]
+    return m
 
 
 _UNITS = {"s": 1.0, "ms": 1e3}  # a latency in seconds times this is in the unit
@@ -98,10 +120,11 @@ class RequestRecord:
     `tinyinfer bench` fills one per HTTP request; tinyinfer.replay fills one per
     request it adds to an engine, with one chunk per token. The definitions are
     those of vLLM's `bench serve`, counted from the send (which is later than
-    the arrival when a concurrency cap held the request back):
+    the arrival when a concurrency cap held the request back), as computed by
+    token_latencies from the send and the chunk times:
 
         ttft   first content chunk - send
-        e2el   last content chunk - send
+        e2el   last content chunk - send (vLLM's name for e2e)
         tpot   (e2el - ttft) / (output_tokens - 1): per token after the first
         itl    every gap between consecutive content chunks
 
@@ -135,24 +158,15 @@ class RequestRecord:
         """Usage's completion_tokens; without usage, one token per content chunk."""
         return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
 
-    @property
-    def ttft(self) -> float | None:
-        return self.chunk_times[0] - self.send_time if self.ok else None
+    def _latency(self, name: str, with_itl: bool = False):
+        if not self.ok:
+            return [] if name == "itl" else None
+        return token_latencies(self.send_time, self.chunk_times, self.output_tokens, with_itl).get(name)
 
-    @property
-    def e2el(self) -> float | None:
-        return self.chunk_times[-1] - self.send_time if self.ok else None
-
-    @property
-    def tpot(self) -> float | None:
-        """None when there is no second token to time."""
-        if not self.ok or self.output_tokens <= 1:
-            return None
-        return (self.e2el - self.ttft) / (self.output_tokens - 1)
-
-    @property
-    def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])] if self.ok else []
+    ttft = property(lambda self: self._latency("ttft"))
+    e2el = property(lambda self: self._latency("e2e"))
+    tpot = property(lambda self: self._latency("tpot"), doc="None when there is no second token to time.")
+    itl = property(lambda self: self._latency("itl", with_itl=True))
 
     # What a timeline of requests draws (lab 7 plots replay's records by these names).
     arrival = property(lambda self: self.arrival_time)

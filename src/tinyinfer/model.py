@@ -13,15 +13,35 @@ Shapes, used in every comment below:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_linear
 from .config import ModelConfig
-from .kv_cache import KVCache
+
+
+class StepMetadata(Protocol):
+    """What a cache's attention needs to know about one step. Each cache has its
+    own kind (kv_cache.AttentionMetadata, paged_kv_cache.PagedAttentionMetadata);
+    the model only passes it along."""
+
+    positions: torch.Tensor  # absolute position of every new token
+
+
+class KVCacheLike(Protocol):
+    """The cache the model is handed: the contiguous kv_cache.KVCache, the paged
+    paged_kv_cache.PagedKVCache, or lab 5's own. The model never looks inside it."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               meta: StepMetadata) -> torch.Tensor:
+        """Store this step's k, v [B, T, Hkv, D]; attend q [B, T, H, D]; return [B, T, H*D]."""
+        ...
+
+    def visible_length(self, positions: torch.Tensor) -> int:
+        """How many positions attention must read (used when no metadata is passed)."""
+        ...
 
 
 class RMSNorm(nn.Module):
@@ -39,19 +59,6 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32:
             return h * self.weight
         return self.weight * h.to(x.dtype)  # rounded to x.dtype first, as transformers does
-
-
-class Linear(nn.Linear):
-    """nn.Linear, except on a CPU: there the weight is packed once for oneDNN's
-    fast kernels and every call reads the packed copy (cpu_linear.py explains
-    why, and measures it). Same product, same dtype, read faster."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_linear.use_packed(x, self.weight, self.bias):
-            if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
-                return torch.ops.tinyinfer.linear(x, self.weight)
-            return cpu_linear.linear_packed(x, self.weight)  # eager: skip the operator's dispatch
-        return super().forward(x)
 
 
 def rope_tables(config: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,10 +100,10 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         # Q, K and V projections stacked into one matrix (as vLLM does): one
         # matmul reads the same bytes as three but pays the per-call cost once.
-        self.qkv_proj = Linear(c, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = Linear(self.q_size, c, bias=False)
+        self.qkv_proj = nn.Linear(c, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, c, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, meta: AttentionMetadata):
+    def forward(self, x, cos, sin, cache: KVCacheLike, meta: StepMetadata):
         B, T, _ = x.shape
         H, Hkv = self.num_heads, self.num_kv_heads
         # [B, T, H + 2*Hkv, D]: every token's query heads, then key heads, then
@@ -121,8 +128,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         c, i = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = Linear(c, 2 * i, bias=False)
-        self.down_proj = Linear(i, c, bias=False)
+        self.gate_up_proj = nn.Linear(c, 2 * i, bias=False)
+        self.down_proj = nn.Linear(i, c, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -156,15 +163,15 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                meta: AttentionMetadata | None = None, num_layers: int | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCacheLike,
+                meta: StepMetadata | None = None, num_layers: int | None = None) -> torch.Tensor:
         """Run T new tokens per sequence through the stack; return hidden states [B, T, C].
 
         `positions` [B, T] are absolute positions; sequences in a batch may sit at
@@ -174,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         num_layers stops after the first num_layers layers, then applies the final
         norm: speculative decoding's early-exit draft (speculative/drafts.py)."""
         if meta is None:
-            meta = AttentionMetadata.general(positions, cache)
+            meta = general_metadata(positions, cache)
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope_at(positions, x.dtype)
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
@@ -192,40 +199,21 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
 
-@dataclass
-class AttentionMetadata:
-    """What every layer's attention needs to know about this step (vLLM's name).
+def general_metadata(positions: torch.Tensor, cache: KVCacheLike) -> StepMetadata:
+    """The general case, for callers that pass no metadata: a mask by position,
+    sized by the cache's visible_length. (kv_cache.py defines the metadata, next
+    to the cache that reads it; it is imported here, not at the top, so that this
+    file depends on nothing but torch and the config.)"""
+    from .kv_cache import AttentionMetadata
 
-    The general case is a boolean mask by absolute position. Two common cases
-    need no mask tensor at all, which saves work in every layer:
-      - a prefill from position 0: plain causal attention (is_causal);
-      - all sequences at the same position: each query may see every visible key.
-    When all sequences write the same positions, `start` lets the cache write a
-    slice instead of scattering."""
-
-    positions: torch.Tensor  # [B, T]
-    num_keys: int  # S: cache columns visible to this step
-    mask: torch.Tensor | None = None  # [B, 1, T, S] boolean, or None
-    is_causal: bool = False
-    start: int | None = None  # first position written, if the same for every sequence
-
-    @classmethod
-    def general(cls, positions: torch.Tensor, cache: KVCache) -> "AttentionMetadata":
-        num_keys = cache.visible_length(positions)
-        return cls(positions, num_keys, mask=causal_mask(positions, num_keys))
-
-    @classmethod
-    def uniform(cls, positions: torch.Tensor, start: int) -> "AttentionMetadata":
-        """Every sequence writes positions start..start+T-1."""
-        T = positions.shape[1]
-        return cls(positions, num_keys=start + T, is_causal=start == 0 and T > 1, start=start)
+    return AttentionMetadata.general(positions, cache)
 
 
-def causal_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """[B, 1, T, S] boolean: query at position p may see key positions 0..p only.
+def __getattr__(name: str):
+    """AttentionMetadata and causal_mask moved to kv_cache.py; older code (and
+    chapters 4 and 5) import them from here, which still works."""
+    if name in ("AttentionMetadata", "causal_mask"):
+        from . import kv_cache
 
-    Because every sequence's keys live at their absolute positions in the cache,
-    "causal" is all the mask needs to say; slots past a sequence's end are never
-    visible, since they lie in its future."""
-    keys = torch.arange(num_keys, device=positions.device)
-    return (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        return getattr(kv_cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,10 +24,19 @@ from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
 
 
 @dataclass
+class PromptLogits:
+    """The model's output at the prompt positions a step computed for one
+    sequence that wants prompt logprobs: logits[j] scores prompt token start+j+1."""
+
+    seq: object  # the Sequence
+    start: int
+    logits: torch.Tensor  # [n, V]
+
+
+@dataclass
 class ModelOutput:
     logits: torch.Tensor  # [M, V]: row i for scheduler_output.sampling[i]
-    # seq_id -> (sequence, first position, logits [n, V]) for prompt logprobs
-    prompt_logits: dict[str, tuple] = field(default_factory=dict)
+    prompt_logits: list[PromptLogits] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -44,15 +53,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, out) -> ModelOutput:
         """Run one scheduled step (a SchedulerOutput): move blocks, pack the new
-        tokens, run the model, and return the logits the sampler needs."""
+        tokens, run the model, and return the logits the sampler needs. The
+        positions and block tables come from the schedule; from each sequence
+        only its token ids are read, which nothing changes during a step."""
         self._move_blocks(out)
-        ids, query_lens, context_lens = [], [], []
-        for seq, n in out.scheduled:
-            start = seq.num_computed_tokens
-            ids += seq.token_ids[start : start + n]  # just this step's tokens, never the whole context
-            query_lens.append(n)
-            context_lens.append(start + n)
-        meta = PagedAttentionMetadata.build(query_lens, context_lens, out.block_tables,
+        ids = []
+        for entry in out.scheduled:
+            ids += entry.seq.token_ids[entry.start : entry.start + entry.num_new_tokens]  # never the whole context
+        query_lens = [entry.num_new_tokens for entry in out.scheduled]
+        context_lens = [entry.start + entry.num_new_tokens for entry in out.scheduled]
+        meta = PagedAttentionMetadata.build(query_lens, context_lens, [entry.block_table for entry in out.scheduled],
                                             self.paged_cache.block_size, self.device)
         input_ids = torch.tensor(ids, device=self.device)[None]
         if not self.enforce_eager and max(query_lens) == 1 and len(meta.groups) == 1:
@@ -60,27 +70,29 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
         ends = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's last new token
-        logits = self.model.compute_logits(hidden[ends[out.sample_rows].to(self.device)])
+        rows = [b for b, entry in enumerate(out.scheduled) for _ in entry.samples]  # one per sampling sequence
+        logits = self.model.compute_logits(hidden[ends[rows].to(self.device)])
         return ModelOutput(logits, self._prompt_logits(out, hidden, ends))
 
     def _move_blocks(self, out) -> None:
         cache = self.paged_cache
-        for seq, table, n in out.swap_out:  # before anything overwrites those blocks
-            self.swapped[seq.seq_id] = cache.swap_out(table, n)
-        for seq, table, n in out.swap_in:
-            cache.swap_in(table, self.swapped.pop(seq.seq_id))
+        for swap in out.swap_out:  # before anything overwrites those blocks
+            self.swapped[swap.seq_id] = cache.swap_out(swap.block_table, swap.num_tokens)
+        for swap in out.swap_in:
+            cache.swap_in(swap.block_table, self.swapped.pop(swap.seq_id))
         cache.copy_blocks(out.copies)
 
-    def _prompt_logits(self, out, hidden: torch.Tensor, ends: torch.Tensor) -> dict:
-        """For sequences that want prompt logprobs: the logits of the prompt
+    def _prompt_logits(self, out, hidden: torch.Tensor, ends: torch.Tensor) -> list[PromptLogits]:
+        """For entries that want prompt logprobs: the logits of the prompt
         positions computed this step (position t's output scores token t+1)."""
-        found = {}
-        for b, (seq, n) in enumerate(out.scheduled):
-            if seq.wants_prompt_logprobs:
-                start = seq.num_computed_tokens
-                stop = max(start, min(start + n, seq.num_prompt_tokens - 1))
-                first = int(ends[b]) - n + 1
-                found[seq.seq_id] = (seq, start, self.model.compute_logits(hidden[first : first + stop - start]))
+        found = []
+        for b, entry in enumerate(out.scheduled):
+            if entry.prompt_logprobs:
+                start, n = entry.start, entry.num_new_tokens
+                stop = max(start, min(start + n, entry.seq.num_prompt_tokens - 1))
+                first = int(ends[b]) - n + 1  # the entry's first row in the packed hidden states
+                rows = hidden[first : first + stop - start]
+                found.append(PromptLogits(entry.seq, start, self.model.compute_logits(rows)))
         return found
 
     def drop_swapped(self, seq_id: str) -> None:

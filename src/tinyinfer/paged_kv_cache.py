@@ -149,6 +149,12 @@ class PagedKVCache:
         self.k[:, slots] = k.to(self.k.device, non_blocking=True)
         self.v[:, slots] = v.to(self.v.device, non_blocking=True)
 
+    def visible_length(self, positions: torch.Tensor) -> int:
+        """model.KVCacheLike asks for it when a caller passes no metadata; a paged
+        step cannot be described by positions alone."""
+        raise ValueError("meta is required with a PagedKVCache: pass PagedAttentionMetadata.build(...) "
+                         "(its block tables say where each sequence's keys live)")
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                meta: PagedAttentionMetadata) -> torch.Tensor:
         """q [1, N, H, D], k and v [1, N, Hkv, D] for the N packed tokens.

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu_linear import UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, wants_grad
+
 METHODS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
 # The nn.Linear modules inside each decoder layer (model.model.layers[i]).
@@ -130,7 +132,12 @@ def kernel_available(kind: str, device, dtype) -> bool:
             g = torch.Generator(device=device).manual_seed(0)  # not the global stream: the probe draws no user's numbers
             w = torch.randn(64, 128, device=device, generator=g)
             x = torch.randn(2, 128, device=device, generator=g).to(dtype)
-            layer = Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w, 32)
+            layer = Int8Linear(128, 64) if kind == "int8" else Int4Linear(128, 64, 32)
+            layer.weight, layer.scales, *zeros = quantize_int8(w) if kind == "int8" else quantize_int4(w, 32)
+            if zeros:
+                layer.zeros = zeros[0]
+            for name, tensor in layer.make_layout(dtype).items():
+                setattr(layer, name, tensor)
             layer._kernel_forward(x)
             _KERNEL_OK[key] = True
         except (NotImplementedError, AttributeError):
@@ -146,74 +153,134 @@ def kernel_error(kind: str, device, dtype) -> str | None:
     return _KERNEL_ERRORS.get((kind, torch.device(device).type, dtype))
 
 
-def _small(x: torch.Tensor, in_features: int) -> bool:
-    return x.numel() // in_features <= KERNEL_MAX_ROWS
+class QuantizedLinear(PackedModule):
+    """What Int8Linear and Int4Linear share: the kernel layout (cpu_linear's rule),
+    built for the activation dtype `kernel_dtype` where torch has a working kernel."""
+
+    KIND = ""
+
+    def build_layout(self):
+        ok = kernel_available(self.KIND, self.weight.device, self.kernel_dtype)
+        layout = self.make_layout(self.kernel_dtype) if ok else dict.fromkeys(self.LAYOUT)
+        for name, tensor in layout.items():
+            self.register_buffer(name, tensor, persistent=False)
+
+    def make_layout(self, dtype) -> dict:
+        raise NotImplementedError
+
+    def has_layout(self) -> bool:
+        return getattr(self, self.LAYOUT[0]) is not None
 
 
-class Int8Linear(nn.Module):
+def _kernel_serves(x: torch.Tensor, layer) -> bool:
+    """Can the layer's packed kernel take this input? Its layout's dtype, a
+    decode-sized batch, and no gradient wanted (the kernels have no backward)."""
+    return (x.dtype is layer.kernel_dtype and x.device == layer.weight.device
+            and x.numel() // layer.in_features <= KERNEL_MAX_ROWS and not wants_grad(x))
+
+
+def _reference_linear(x: torch.Tensor, dequantize) -> torch.Tensor:
+    """De-quantize the whole weight (dequantize(dtype)), then an ordinary matmul.
+    A prompt's rows in bf16 on a CPU without bf16 units are multiplied in fp32,
+    as cpu_linear.PackedLinear does there (UPCAST_DTYPES): the emulated bf16
+    matmul converts every weight once per row."""
+    if x.dtype in UPCAST_DTYPES and x.is_cpu and x.numel() // x.shape[-1] >= UPCAST_MIN_ROWS:
+        return F.linear(x.float(), dequantize(torch.float32)).to(x.dtype)
+    return F.linear(x, dequantize(x.dtype))
+
+
+class Int8Linear(QuantizedLinear):
+    """INT8 weights (and fp32 row scales) as persistent buffers; for the packed
+    kernel, the scales in the activation dtype (its kernel layout, cpu_linear's rule)."""
+
+    LAYOUT, KIND = ("kernel_scales",), "int8"
+
     def __init__(self, in_features: int, out_features: int, use_kernel: bool = True):
         super().__init__()
         self.in_features, self.out_features, self.use_kernel = in_features, out_features, use_kernel
+        self.kernel_dtype = torch.float32  # the activation dtype the kernel layout is built for
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features))
+        self.clear_layout()
 
     @classmethod
     def from_weight(cls, w: torch.Tensor, use_kernel: bool = True) -> "Int8Linear":
         layer = cls(w.shape[1], w.shape[0], use_kernel)
         layer.weight, layer.scales = quantize_int8(w)
-        return layer.to(w.device)
+        layer.kernel_dtype = w.dtype  # activations come in the dtype the weight had
+        return layer.to(w.device)  # .to() builds the kernel layout
+
+    def layout_sources(self):
+        return self.weight, self.scales
+
+    def make_layout(self, dtype) -> dict:
+        return {"kernel_scales": self.scales.to(dtype)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_kernel and _small(x, self.in_features) and kernel_available("int8", x.device, x.dtype):
+        if self.use_kernel and self.has_layout() and _kernel_serves(x, self):
+            self.check_layout()
             return self._kernel_forward(x)
         # Reference path: expand the whole weight to x's dtype, then an ordinary matmul.
-        return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype))
+        return _reference_linear(x, lambda dtype: dequantize_int8(self.weight, self.scales, dtype))
 
     def _kernel_forward(self, x):
         # One kernel reads the int8 weight and applies the row scales as it goes.
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales.to(x.dtype))
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.kernel_scales)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
+    """INT4 codes (two per byte) and fp16 group scales and zeros as persistent
+    buffers; for torch's packed kernel, a second copy of the codes in that
+    kernel's own nibble layout plus (scale, zero') pairs in the activation dtype:
+    its kernel layout, kept by cpu_linear's rule. The kernel path trades memory
+    for speed."""
+
+    LAYOUT, KIND = ("kernel_weight", "kernel_scales_zeros"), "int4"
+
     def __init__(self, in_features: int, out_features: int, group_size: int = 128, use_kernel: bool = True):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.use_kernel = use_kernel
+        self.kernel_dtype = torch.float32  # the activation dtype the kernel layout is built for
         groups = -(-in_features // group_size)  # a short last group still gets a scale
         self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.ones(out_features, groups, dtype=META_DTYPE))
         self.register_buffer("zeros", torch.zeros(out_features, groups, dtype=META_DTYPE))
-        self._kernel_cache = None  # (dtype, kernel-layout weight, scales_and_zeros), built on first use
+        self.clear_layout()
 
     @classmethod
     def from_weight(cls, w: torch.Tensor, group_size: int = 128, use_kernel: bool = True) -> "Int4Linear":
         layer = cls(w.shape[1], w.shape[0], group_size, use_kernel)
         layer.weight, layer.scales, layer.zeros = quantize_int4(w, group_size)
-        return layer.to(w.device)
+        layer.kernel_dtype = w.dtype  # activations come in the dtype the weight had
+        return layer.to(w.device)  # .to() builds the kernel layout
+
+    def layout_sources(self):
+        return self.weight, self.scales, self.zeros
+
+    def make_layout(self, dtype) -> dict:
+        # torch's CPU int4 kernel wants its own nibble layout and, per group,
+        # (scale, zero') in x's dtype with w = (q - 8) * scale + zero'.
+        codes = _pad_to_groups(unpack_int4(self.weight), self.group_size).to(torch.int32)
+        s, z = self.scales.float(), self.zeros.float()
+        return {"kernel_weight": torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
+                "kernel_scales_zeros": torch.stack([s.T, (z + 8 * s).T], dim=-1).to(dtype).contiguous()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_kernel and _small(x, self.in_features) and kernel_available("int4", x.device, x.dtype):
+        if self.use_kernel and self.has_layout() and _kernel_serves(x, self):
+            self.check_layout()
             return self._kernel_forward(x)
-        w = dequantize_int4(self.weight, self.scales, self.zeros, self.group_size, x.dtype)
-        return F.linear(x, w)
+        return _reference_linear(x, lambda dtype: dequantize_int4(self.weight, self.scales, self.zeros,
+                                                                  self.group_size, dtype))
 
     def _kernel_forward(self, x):
-        # torch's CPU int4 kernel wants its own nibble layout and, per group,
-        # (scale, zero') in x's dtype with w = (q - 8) * scale + zero'. That is a
-        # second copy of this layer's weight: the kernel path trades memory for speed.
-        if self._kernel_cache is None or self._kernel_cache[0] != x.dtype:
-            codes = _pad_to_groups(unpack_int4(self.weight), self.group_size).to(torch.int32)
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-            s, z = self.scales.float(), self.zeros.float()
-            sz = torch.stack([s.T, (z + 8 * s).T], dim=-1).to(x.dtype).contiguous()
-            self._kernel_cache = (x.dtype, packed, sz)
-        _, packed, sz = self._kernel_cache
         x2 = x.reshape(-1, self.in_features)
         pad = -self.in_features % self.group_size
         if pad:  # the kernel wants whole groups: zero inputs meet the padded columns
             x2 = F.pad(x2, (0, pad))
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, sz)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.kernel_weight, self.group_size,
+                                                       self.kernel_scales_zeros)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -234,8 +301,9 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128, include
     The embedding always stays as it is. The LM head is left alone by default:
     in SmolLM2 it is tied to the embedding (one tensor), so quantizing it adds
     a second, quantized copy rather than saving anything. use_kernel lets
-    decode steps use torch's packed kernels where they exist (the INT4 one
-    builds a second, kernel-layout copy of each weight on first use)."""
+    decode steps use torch's packed kernels where they exist; each new layer
+    builds its kernel layout now, for activations in the dtype the model's
+    weights had (cpu_linear's rule; the INT4 one is a second copy of the weight)."""
     check_method(method, group_size)
     targets = [(layer, name) for layer in model.model.layers for name in LAYER_LINEARS]
     if include_lm_head:
@@ -266,7 +334,9 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def model_bytes(model: nn.Module) -> dict:
-    """Exact bytes held by the model's tensors, by kind (a tied tensor counted once)."""
+    """Exact bytes held by the model's tensors, by kind (a tied tensor counted once).
+    Kernel layouts (cpu_linear.PackedModule.LAYOUT) are copies made for speed, not
+    stored weights, and are not counted."""
     out = {"packed_weights": 0, "scales": 0, "zeros": 0, "unquantized": 0, "quantized_params": 0,
            "unquantized_params": 0}
     quantized = set()
@@ -277,6 +347,8 @@ def model_bytes(model: nn.Module) -> dict:
             out["zeros"] += _nbytes(m.zeros) if isinstance(m, Int4Linear) else 0
             out["quantized_params"] += m.in_features * m.out_features
             quantized.update(id(b) for b in m.buffers())
+        if isinstance(m, PackedModule):
+            quantized.update(id(getattr(m, name)) for name in m.LAYOUT)
     seen = set()
     for t in list(model.parameters()) + list(model.buffers(recurse=True)):
         if id(t) in quantized or t.data_ptr() in seen or t is getattr(model, "rope_cos", None) \

@@ -134,9 +134,12 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> int
     u in [0, total), and the first index whose running sum exceeds u, found by
     binary search. A zero weight adds nothing to the sum, so it is never chosen.
     torch.multinomial, on a CPU, draws a random number for every one of the
-    49,152 entries and took about 0.8 ms per row on the course's machine; this
-    takes about 0.05 ms. At batch 8, all rows sampled, that was 7 ms of a 25 ms
-    decode step."""
+    49,152 entries; this draws one number and searches, many times faster per
+    row, which matters when every row of a decode step samples. Time both on
+    your machine:
+        python -m timeit -s "import torch; from tinyinfer.sampling import draw; w = torch.rand(49152)" "draw(w)"
+        python -m timeit -s "import torch; w = torch.rand(49152)" "torch.multinomial(w, 1)"
+    """
     cdf = weights.double().cumsum(-1)  # float64: the last entries of a 49,152-term sum stay exact enough
     u = torch.rand(1, dtype=torch.float64, generator=generator, device=weights.device) * cdf[-1]
     i = int(torch.searchsorted(cdf, u, right=True))
@@ -146,8 +149,8 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> int
 
 
 def make_generator(seed: int | None, device) -> torch.Generator | None:
-    """A private random stream per seeded request, so its draws do not depend on
-    what else is in the batch. Unseeded requests share torch's global stream."""
+    """A private random stream per seeded sequence, so its draws do not depend on
+    what else is in the batch. Unseeded sequences share torch's global stream."""
     if seed is None:
         return None
     g = torch.Generator(device=device)
@@ -159,32 +162,73 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
 
 
 @dataclass
+class SamplingState:
+    """What the sampler keeps about one sequence from step to step."""
+
+    generator: torch.Generator | None  # a seeded sequence's own random stream (None: torch's global one)
+    seen: torch.Tensor | None = None  # [V] mask of the tokens the repetition penalty counts as seen
+    num_seen: int = 0  # how many of the sequence's tokens are marked in it
+
+
+@dataclass
+class PromptLogprobs:
+    """The logprobs of the prompt positions one step computed for one sequence."""
+
+    seq: object  # the Sequence (its Request collects them)
+    start: int  # entries[j] scores prompt token start + j + 1
+    entries: list[PositionLogprobs]
+
+
+@dataclass
 class SamplerOutput:
-    token_ids: list[int]  # one per row
+    token_ids: list[int]  # one per row: row i is the i-th sequence handed to the sampler
     logprobs: list[PositionLogprobs | None]  # per row: the chosen token + top N, when asked for
-    prompt_logprobs: dict[str, list[PositionLogprobs]] = field(default_factory=dict)  # seq_id -> this chunk's
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
 
 class Sampler:
     """Samples every row of a step at once where the rows allow it: greedy rows
     by one argmax over the batch, logprobs by one log_softmax. Rows with a
     temperature draw one by one (a seeded request must draw from its own
-    generator, whatever else is in the batch), through the processors above."""
+    generator, whatever else is in the batch), through the processors above.
+
+    It keeps each sequence's SamplingState (its generator and repetition-penalty
+    mask) from its first draw until free(); the engine frees a request's
+    sequences when the request leaves it."""
 
     def __init__(self, decode=None):
         self.decode = decode  # token id -> text for Logprob.decoded_token (None: no text)
+        self.states: dict[str, SamplingState] = {}  # seq_id -> its state, for live sequences that need one
+
+    def state(self, seq, device) -> SamplingState:
+        """seq's state, made on first use. Sample i of a seeded request draws from
+        seed + i (vLLM's rule), so each equals a lone request with that seed."""
+        st = self.states.get(seq.seq_id)
+        if st is None:
+            seed = seq.params.seed
+            st = self.states[seq.seq_id] = SamplingState(make_generator(None if seed is None else seed + seq.index,
+                                                                        device))
+        return st
+
+    def generator(self, seq, device) -> torch.Generator | None:
+        return self.state(seq, device).generator if seq.params.seed is not None else None
+
+    def free(self, seqs) -> None:
+        """Forget the state of sequences that are done."""
+        for seq in seqs:
+            self.states.pop(seq.seq_id, None)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list, prompt_logits: dict | None = None) -> SamplerOutput:
-        """logits [M, V]: row i is seqs[i]'s. prompt_logits: {seq_id: (seq, first
-        position, logits [n, V])} for the prompt positions a step computed."""
+    def __call__(self, logits: torch.Tensor, seqs: list, prompt_logits: list | None = None) -> SamplerOutput:
+        """logits [M, V]: row i is seqs[i]'s. prompt_logits: model_runner.PromptLogits
+        records, the logits of the prompt positions a step computed."""
         raw = logits.float()
         processed = raw
         for i, seq in enumerate(seqs):
             if seq.params.repetition_penalty != 1.0:
                 if processed is raw:
                     processed = raw.clone()
-                processed[i] = apply_repetition_penalty(raw[i], seen_mask(seq, raw.shape[-1], raw.device),
+                processed[i] = apply_repetition_penalty(raw[i], self.seen_mask(seq, raw.shape[-1], raw.device),
                                                         seq.params.repetition_penalty)
         tokens = [0] * len(seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
@@ -193,8 +237,9 @@ class Sampler:
                 tokens[i] = t
         for i, seq in enumerate(seqs):  # row order: unseeded rows share torch's stream in a fixed order
             if not seq.params.greedy:
-                tokens[i] = sample(processed[i], seq.params, seq.generator)
-        prompt = {sid: self.prompt_logprobs(seq, start, rows) for sid, (seq, start, rows) in (prompt_logits or {}).items()}
+                tokens[i] = sample(processed[i], seq.params, self.generator(seq, raw.device))
+        prompt = [PromptLogprobs(p.seq, p.start, self.prompt_logprobs(p.seq, p.start, p.logits))
+                  for p in prompt_logits or []]
         return SamplerOutput(tokens, self._logprobs(raw, seqs, tokens), prompt)
 
     @torch.inference_mode()
@@ -202,7 +247,8 @@ class Sampler:
         """Speculative decoding: logits[j] is the target's output after seq's tokens
         and drafts[:j]. Returns the probabilities sample() would draw from at each
         row, with the repetition penalty counting the drafts before it as seen."""
-        mask = seen_mask(seq, logits.shape[-1], logits.device) if seq.params.repetition_penalty != 1.0 else None
+        penalty = seq.params.repetition_penalty != 1.0
+        mask = self.seen_mask(seq, logits.shape[-1], logits.device) if penalty else None
         rows = []
         for j in range(logits.shape[0]):
             if mask is not None and j:
@@ -210,6 +256,18 @@ class Sampler:
                 mask[drafts[j - 1]] = True
             rows.append(processed_probs(logits[j], seq.params, mask))
         return torch.stack(rows)
+
+    def seen_mask(self, seq, vocab_size: int, device=None) -> torch.Tensor:
+        """The tokens the repetition penalty counts as seen (prompt + output), as a
+        [V] mask kept in seq's state and extended by the tokens added since the
+        last call: O(1) per step, not O(context)."""
+        st = self.state(seq, device)
+        if st.seen is None:
+            st.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        if st.num_seen < len(seq.token_ids):
+            st.seen[torch.tensor(seq.token_ids[st.num_seen :], device=device)] = True
+            st.num_seen = len(seq.token_ids)
+        return st.seen
 
     def _logprobs(self, raw: torch.Tensor, seqs: list, tokens: list[int]) -> list[PositionLogprobs | None]:
         out = [None] * len(seqs)
@@ -248,18 +306,6 @@ def seen_token_ids(token_ids: list[int], params: SamplingParams, device=None) ->
     if params.repetition_penalty == 1.0:
         return None
     return torch.tensor(sorted(set(token_ids)), device=device)
-
-
-def seen_mask(seq, vocab_size: int, device=None) -> torch.Tensor:
-    """The tokens the repetition penalty counts as seen (prompt + output), as a
-    [V] mask kept on the sequence and extended by the tokens added since the
-    last call: O(1) per step, not O(context)."""
-    if seq.seen is None:
-        seq.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-    if seq.num_seen < len(seq.token_ids):
-        seq.seen[torch.tensor(seq.token_ids[seq.num_seen :], device=device)] = True
-        seq.num_seen = len(seq.token_ids)
-    return seq.seen
 
 
 # --- inspection helpers for chapters and labs (the engine never calls these) ---

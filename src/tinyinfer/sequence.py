@@ -1,55 +1,84 @@
-"""Per-request state: the tokens so far, the text so far, and when to stop.
+"""One sample of a request: its tokens, its place in the KV cache, its text so
+far, and when it stops.
 
 A Sequence keeps ONE token list: the prompt, then every sampled token
 (nano-vllm and vLLM do the same). Appending is O(1), and whoever needs a part
 of it slices just that part, so no step pays for the whole reply again.
+
+What the samples of a request share (its id, prompt and SamplingParams) lives
+on their Request (request.py); a request with n=1 has one Sequence, one with
+n=3 has three. The scheduler and the block manager work on sequences.
 """
 from __future__ import annotations
 
-import torch
+import enum
+from typing import TYPE_CHECKING
 
 from .detokenizer import IncrementalDetokenizer
-from .outputs import CompletionOutput, PositionLogprobs, RequestOutput, TokenIds
-from .sampling import SamplingParams
+from .outputs import CompletionOutput, PositionLogprobs, TokenIds
+
+if TYPE_CHECKING:
+    from .request import Request
+    from .sampling import SamplingParams
 
 
-class SequenceStatus:
+class SequenceStatus(enum.Enum):
+    """Where a sequence is. Its finish reason is part of its status, so there is
+    one notion of "finished" (vLLM's SequenceStatus does the same)."""
+
     WAITING = "waiting"  # queued, holds no KV blocks
     RUNNING = "running"  # scheduled each step, holds KV blocks
-    FINISHED = "finished"
+    SWAPPED = "swapped"  # preempted, its computed keys and values wait in host memory
+    FINISHED_STOPPED = "stop"  # an end-of-sequence token, a stop token id or a stop string
+    FINISHED_LENGTH_CAPPED = "length"  # max_tokens reached
+    FINISHED_ABORTED = "abort"  # the caller gave up on it
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED, SequenceStatus.FINISHED_ABORTED}
 
 
 class Sequence:
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids=(), generator: torch.Generator | None = None, decode=None,
-                 arrival_time: float = 0.0, index: int = 0):
-        self.request_id = request_id
+    def __init__(self, request: Request, index: int, prompt_token_ids: list[int], eos_token_ids=(), decode=None):
+        self.request = request
         self.index = index  # which of the request's n parallel samples this is
-        # The block manager's key: one per sequence, also for a request's parallel samples.
-        self.seq_id = request_id if index == 0 else f"{request_id}#{index}"
-        self.prompt = prompt
         self.token_ids = list(prompt_token_ids)  # the prompt, then the output: the only token list
         self.num_prompt_tokens = len(self.token_ids)
-        self.params = params
-        self.eos_token_ids = set(eos_token_ids)
-        self.generator = generator
+        self.eos_token_ids = frozenset(eos_token_ids)
         # Without a tokenizer (a bare model), the stopping rules use token ids only.
         self.detokenizer = IncrementalDetokenizer(decode, self.token_ids, self.num_prompt_tokens) if decode else None
         self.output_text = ""
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-        self.logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        self.logprobs: list[PositionLogprobs] | None = [] if self.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
-        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
-        self.pending_prompt_logprobs: list = []  # filled chunk by chunk
-        self.arrival_time = arrival_time  # time.perf_counter() when the request was accepted
         self.token_times: list[float] = []  # when each output token was sampled
         self.status = SequenceStatus.WAITING
-        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
-        self.num_swapped_tokens = 0  # tokens whose K/V wait in host memory (swap preemption)
-        self.seen: torch.Tensor | None = None  # [V] mask for the repetition penalty (sampling.seen_mask)
-        self.num_seen = 0  # tokens already marked in it
-        self.samples = [self]  # the request's n parallel samples (this one first), shared by all of them
+        # The KV cache: tokens whose keys and values are in it (or, once
+        # scheduled, are being written by the step), the blocks that hold them,
+        # and how many of those blocks are filed in the prefix cache. While
+        # SWAPPED, num_computed_tokens counts the tokens kept in host memory.
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.num_hashed_blocks = 0
+
+    # --- what the request's samples share -------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def seq_id(self) -> str:
+        """A name for this sample, unique among live sequences: the request's id,
+        with #index for the parallel samples after the first."""
+        return self.request_id if self.index == 0 else f"{self.request_id}#{self.index}"
 
     # --- the token list -------------------------------------------------------------
 
@@ -71,26 +100,27 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
+        return self.status.is_finished
 
     @property
-    def wants_prompt_logprobs(self) -> bool:
-        return self.params.prompt_logprobs is not None and self.prompt_logprobs is None and self.index == 0
+    def finish_reason(self) -> str | None:
+        """vLLM's names: "stop", "length" or "abort"; None while it runs."""
+        return self.status.value if self.finished else None
 
-    def fork(self) -> list[Sequence]:
-        """Make the request's other n-1 samples, once its prompt is (about to be)
-        in the cache: the same prompt and, in the cache, the same blocks, shared
-        until one of them writes; each with its own draws (seed + index, as in vLLM)."""
+    def fork(self, index: int) -> Sequence:
+        """Another sample of the same request, made when the prompt is (about to
+        be) in the cache and nothing is sampled yet: the same tokens and computed
+        tokens (the block manager shares the blocks themselves)."""
+        if self.num_output_tokens:
+            raise ValueError(f"sequence {self.seq_id!r} has output tokens; samples fork from the prompt")
         decode = self.detokenizer.decode if self.detokenizer else None
-        for index in range(1, self.params.n):
-            generator = None
-            if self.generator is not None:
-                generator = torch.Generator(device=self.generator.device).manual_seed(self.params.seed + index)
-            child = Sequence(self.request_id, self.prompt, self.token_ids, self.params, self.eos_token_ids,
-                             generator, decode, self.arrival_time, index)
-            child.num_computed_tokens, child.status, child.samples = self.num_computed_tokens, self.status, self.samples
-            self.samples.append(child)
-        return self.samples[1:]
+        child = Sequence(self.request, index, self.token_ids, self.eos_token_ids, decode)
+        child.num_computed_tokens, child.status = self.num_computed_tokens, self.status
+        return child
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.status = SequenceStatus.FINISHED_ABORTED
 
     # --- one new token ----------------------------------------------------------------
 
@@ -106,13 +136,16 @@ class Sequence:
             self.cumulative_logprob += logprobs[token_id].logprob
         p = self.params
         if not p.ignore_eos and token_id in self.eos_token_ids:
-            self.finish_reason, self.stop_reason = "stop", None
+            self._stop(None)
         elif token_id in p.stop_token_ids:
-            self.finish_reason, self.stop_reason = "stop", token_id
+            self._stop(token_id)
         if self.detokenizer is not None:
             self._extend_text()
         if not self.finished and self.num_output_tokens >= p.max_tokens:
-            self.finish_reason = "length"
+            self.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+
+    def _stop(self, reason: int | str | None) -> None:
+        self.status, self.stop_reason = SequenceStatus.FINISHED_STOPPED, reason
 
     def _extend_text(self) -> None:
         p = self.params
@@ -128,7 +161,7 @@ class Sequence:
             if hits:
                 cut, s = min(hits)
                 self.output_text = (self.output_text + new)[: start + cut]  # the stop string itself is not returned
-                self.finish_reason, self.stop_reason = "stop", s
+                self._stop(s)
                 return
         self.output_text += new
 
@@ -146,15 +179,6 @@ class Sequence:
                     break
         return text
 
-    def add_prompt_logprobs(self, start: int, entries: list[PositionLogprobs]) -> None:
-        """Prompt logprobs for positions start+1.. (a chunk at a time; the first
-        prompt token has none). A recompute after preemption starts over at 0."""
-        if start == 0:
-            self.pending_prompt_logprobs = [None]
-        self.pending_prompt_logprobs += entries
-        if len(self.pending_prompt_logprobs) == self.num_prompt_tokens:
-            self.prompt_logprobs = self.pending_prompt_logprobs
-
     # --- reporting --------------------------------------------------------------------
 
     def completion(self, streaming: bool = False) -> CompletionOutput:
@@ -167,37 +191,3 @@ class Sequence:
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
         )
-
-    def to_output(self, streaming: bool = False) -> RequestOutput:
-        """The request's state as vLLM reports it: one CompletionOutput per sample.
-        With streaming=True, an unfinished request's text is stable_text(): safe
-        to show, never to be taken back."""
-        samples, head = self.samples, self.samples[0]
-        finished = all(s.finished for s in samples)
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=TokenIds(head.token_ids, 0, head.num_prompt_tokens),
-            prompt_logprobs=head.prompt_logprobs,
-            outputs=[s.completion(streaming) for s in samples],
-            finished=finished,
-            # The full list of gaps costs O(reply), so a streamed step reports it only at the end.
-            metrics=head.metrics(with_itl=finished or not streaming),
-        )
-
-    def metrics(self, with_itl: bool = True) -> dict:
-        """Latency as a user sees it: time to first token (queueing and prefill),
-        time per output token after the first (decode), and each gap between tokens."""
-        t = self.token_times
-        if not t:
-            return {"arrival_time": self.arrival_time}
-        m = {
-            "arrival_time": self.arrival_time,
-            "first_token_time": t[0],
-            "ttft": t[0] - self.arrival_time,
-            "tpot": (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None,
-            "e2e": t[-1] - self.arrival_time,
-        }
-        if with_itl:
-            m["itl"] = [b - a for a, b in zip(t, t[1:])]
-        return m

@@ -6,7 +6,7 @@ longest member ends. Finished sequences ride along, computing tokens nobody
 reads, because the batch's shape is fixed. Sequence b's prompt sits at
 positions 0..len_b-1 and each later token at the next position; padding slots
 are never attended to, because a query only sees keys at positions <= its own
-(see model.causal_mask).
+(see kv_cache.causal_mask).
 
 StaticScheduler and StaticModelRunner have the same interface as Scheduler and
 ModelRunner, so LLMEngine runs the same step for both: set the two files side
@@ -19,10 +19,10 @@ from collections import deque
 
 import torch
 
-from .kv_cache import KVCache
-from .model import AttentionMetadata, causal_mask
-from .model_runner import ModelOutput
-from .scheduler import SchedulerConfig, SchedulerOutput, SchedulerStats
+from .kv_cache import AttentionMetadata, KVCache, causal_mask
+from .model_runner import ModelOutput, PromptLogits
+from .sampling import SamplerOutput
+from .scheduler import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats, record_queue_stats
 from .sequence import Sequence, SequenceStatus
 
 
@@ -37,12 +37,12 @@ class StaticScheduler:
     def running(self) -> list[Sequence]:
         return [s for s in self.batch if not s.finished]
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, request) -> None:
+        self.waiting.append(request.samples[0])
 
-    def check_request(self, seq: Sequence, where: str) -> None:
-        if seq.params.n != 1:
-            raise ValueError(f"SamplingParams.n={seq.params.n} is invalid with scheduling='static': must be 1")
+    def check_request(self, request, where: str) -> None:
+        if request.params.n != 1:
+            raise ValueError(f"SamplingParams.n={request.params.n} is invalid with scheduling='static': must be 1")
 
     def schedule(self) -> SchedulerOutput:
         if all(s.finished for s in self.batch):  # every member ended (or was aborted)
@@ -52,19 +52,18 @@ class StaticScheduler:
                 self.batch.append(self.waiting.popleft())
                 self.batch[-1].status = SequenceStatus.RUNNING
         out = SchedulerOutput()
-        for b, seq in enumerate(self.batch):
-            out.scheduled.append((seq, seq.num_tokens - seq.num_computed_tokens))  # 0 for one that rides along
-            if not seq.finished:
-                out.sampling.append(seq)
-                out.sample_rows.append(b)
+        for seq in self.batch:  # a finished member rides along: 0 new tokens, nobody samples
+            entry = ScheduledSeq(seq, seq.num_computed_tokens, seq.num_tokens - seq.num_computed_tokens, [],
+                                 [] if seq.finished else [seq], seq.request.wants_prompt_logprobs(seq))
+            out.scheduled.append(entry)
         out.num_decode_tokens = len(out.sampling) if any(s.num_computed_tokens for s in self.batch) else 0
         return out
 
-    def update_from_output(self, out: SchedulerOutput, sampled) -> list[Sequence]:
-        for seq, n in out.scheduled:
-            if seq.seq_id in sampled.prompt_logprobs:
-                seq.add_prompt_logprobs(0, sampled.prompt_logprobs[seq.seq_id])
-            seq.num_computed_tokens += n
+    def update_from_output(self, out: SchedulerOutput, sampled: SamplerOutput) -> list[Sequence]:
+        for entry in out.scheduled:
+            entry.seq.num_computed_tokens += entry.num_new_tokens
+        for chunk in sampled.prompt_logprobs:
+            chunk.seq.request.add_prompt_logprobs(chunk.start, chunk.entries)
         now = time.perf_counter()
         progressed = []
         for seq, token, logprobs in zip(out.sampling, sampled.token_ids, sampled.logprobs):
@@ -79,13 +78,12 @@ class StaticScheduler:
         """Aborted: leave the queue, or ride along in the batch until it ends."""
         if seq in self.waiting:
             self.waiting.remove(seq)
-        seq.status = SequenceStatus.FINISHED
 
     def record_stats(self, st: SchedulerStats, out: SchedulerOutput | None = None) -> None:
         if out is not None:
             st.num_decode_tokens = out.num_decode_tokens
             st.num_prefill_tokens = out.num_batched_tokens - out.num_decode_tokens
-        st.num_running, st.num_waiting = len(self.running), len(self.waiting)
+        record_queue_stats(st, self.running, self.waiting)
         # The contiguous cache reserves every member's longest possible length.
         max_len = max((s.num_prompt_tokens + s.params.max_tokens for s in self.batch), default=0)
         st.kv_bytes_reserved = len(self.batch) * max_len * self.kv_bytes_per_token
@@ -102,13 +100,15 @@ class StaticModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> ModelOutput:
-        batch = [seq for seq, _ in out.scheduled]
-        if all(seq.num_computed_tokens == 0 for seq in batch):
-            return self.prefill(batch, out.sample_rows)
-        return ModelOutput(self.decode(batch)[out.sample_rows])
+        batch = [entry.seq for entry in out.scheduled]
+        rows = [b for b, entry in enumerate(out.scheduled) if entry.samples]
+        if all(entry.start == 0 for entry in out.scheduled):
+            return self.prefill(out.scheduled, rows)
+        return ModelOutput(self.decode(batch)[rows])
 
-    def prefill(self, seqs: list[Sequence], rows: list[int]) -> ModelOutput:
+    def prefill(self, entries: list[ScheduledSeq], rows: list[int]) -> ModelOutput:
         """Process every prompt in one forward pass and allocate this batch's cache."""
+        seqs = [entry.seq for entry in entries]
         lens = [s.num_prompt_tokens for s in seqs]
         max_len = max(s.num_prompt_tokens + s.params.max_tokens for s in seqs)
         self.cache = KVCache(self.model.config, len(seqs), max_len, self.dtype, self.device)
@@ -119,8 +119,8 @@ class StaticModelRunner:
         positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         hidden = self.model(ids, positions, self.cache, AttentionMetadata.uniform(positions, 0))
         last = hidden[torch.arange(len(seqs)), torch.tensor(lens) - 1]
-        prompt_logits = {s.seq_id: (s, 0, self.model.compute_logits(hidden[b, : lens[b] - 1]))
-                         for b, s in enumerate(seqs) if s.wants_prompt_logprobs}
+        prompt_logits = [PromptLogits(e.seq, 0, self.model.compute_logits(hidden[b, : lens[b] - 1]))
+                         for b, e in enumerate(entries) if e.prompt_logprobs]
         return ModelOutput(self.model.compute_logits(last[rows]), prompt_logits)
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:

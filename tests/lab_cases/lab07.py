@@ -174,8 +174,8 @@ from tinyinfer.block_manager import BlockManager  # noqa: E402
 from tinyinfer.labcheck import Step  # noqa: E402
 from tinyinfer.labcheck.fixtures import EngineAllocator as _EngineAllocator  # noqa: E402  (BlockManager behind the lab's interface)
 from tinyinfer.sampling import SamplingParams  # noqa: E402
+from tinyinfer.request import Request  # noqa: E402
 from tinyinfer.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from tinyinfer.sequence import Sequence  # noqa: E402
 
 
 def _room(alloc, seq_id, total):
@@ -316,9 +316,10 @@ def _engine_schedule(waiting, running, allocator, token_budget, max_num_seqs):
     """The engine's Scheduler behind the lab's interface: the course's answer."""
     sched = Scheduler(SchedulerConfig(max_num_seqs, token_budget), BlockManager(1, allocator.block_size))
     for req in waiting:
-        sched.add(Sequence(req.seq_id, None, req.token_ids, SamplingParams(max_tokens=req.max_tokens)))
+        sched.add(Request(req.seq_id, None, req.token_ids, SamplingParams(max_tokens=req.max_tokens)))
     out = sched.schedule()
-    return Step([(next(r for r in waiting if r.seq_id == s.seq_id), n) for s, n in out.scheduled], [])
+    return Step([(next(r for r in waiting if r.seq_id == e.seq.seq_id), e.num_new_tokens) for e in out.scheduled],
+                [])
 
 
 def _engine_prefix_hashes(token_ids, block_size):
@@ -334,10 +335,8 @@ def _engine_run_engine(requests, allocator, schedule, execute_model, sample, tok
     """tinyinfer's Scheduler drives the lab's model step: the course's answer."""
     bm = BlockManager(len(allocator.free_blocks), allocator.block_size, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(max_num_seqs, token_budget), bm)
-    seqs = {r.seq_id: Sequence(r.seq_id, None, r.prompt_ids, SamplingParams(max_tokens=r.max_tokens),
-                               eos_token_ids) for r in requests}
-    for seq in seqs.values():
-        sched.add(seq)
+    for r in requests:
+        sched.add(Request(r.seq_id, None, r.prompt_ids, SamplingParams(max_tokens=r.max_tokens), eos_token_ids))
     sched.schedule()  # ... and so on, as LLMEngine.step does: enough for the check to see it
     return 0
 

@@ -21,7 +21,7 @@ import torch
 
 from ..hardware import best_time
 from ..forward import forward_hidden, new_cache
-from ..model import AttentionMetadata
+from ..kv_cache import AttentionMetadata
 from .cost import StepCostModel
 
 
@@ -100,6 +100,7 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
     cheaper than the plane says and batch 2 dearer; the plane splits the difference.
 
     The engine must be idle; it is left idle."""
+    from ..llm_engine import run_until_done
     from ..sampling import SamplingParams
 
     if engine.has_unfinished_requests():
@@ -126,10 +127,6 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
         engine.step()
         return engine.stats.num_prefill_tokens, engine.stats.num_decode_tokens, time.perf_counter() - t
 
-    def finish() -> None:
-        while engine.has_unfinished_requests():
-            engine.step()
-
     def median_point(points: list[tuple[int, int, float]]) -> tuple[int, int, float]:
         return points[0][0], points[0][1], float(np.median([s for _, _, s in points]))
 
@@ -144,7 +141,7 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
             if points[-1][:2] != (T, B):  # e.g. a budget too small for T: the point would be mislabelled
                 raise ValueError(f"calibrate_steps: a step meant to hold {T} prompt tokens beside {B} decodes "
                                  f"held {points[-1][0]} and {points[-1][1]}; check max_num_batched_tokens")
-            finish()
+            run_until_done(engine)
         return median_point(points)
 
     def decode(B: int) -> tuple[int, int, float]:

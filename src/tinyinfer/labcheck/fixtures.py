@@ -16,6 +16,7 @@ from ..block_manager import BlockManager
 from ..config import ModelConfig
 from ..model import LlamaForCausalLM
 from ..model_runner import ModelRunner
+from ..request import Request
 from ..sampling import SamplerOutput, SamplingParams
 from ..scheduler import Scheduler, SchedulerConfig
 from ..sequence import Sequence
@@ -44,27 +45,40 @@ def tiny_model(seed: int = 0, init_std: float | None = None, max_position_embedd
 
 class EngineAllocator:
     """tinyinfer's BlockManager (prefix cache off) behind lab 7's allocator
-    interface: where check_block_allocator's expected states come from."""
+    interface: where check_block_allocator's expected states come from. The
+    engine's sequences carry their own block tables; this keeps one Sequence
+    per lab seq_id, whose num_computed_tokens is the lab's num_tokens."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.block_size, self.block_tables, self.num_tokens = block_size, self.bm.block_tables, self.bm.num_slots
+        self.block_size = block_size
+        self.seqs: dict[str, Sequence] = {}  # the lab's seq_id -> the engine's sequence
 
     ref_count = property(lambda self: [b.ref_count for b in self.bm.blocks])
     free_blocks = property(lambda self: list(self.bm.free_block_ids))
+    block_tables = property(lambda self: {sid: s.block_table for sid, s in self.seqs.items()})
+    num_tokens = property(lambda self: {sid: s.num_computed_tokens for sid, s in self.seqs.items()})
 
     def allocate(self, seq_id, num_tokens):
-        self.bm.allocate(seq_id, [], num_tokens)
+        seq = Request(seq_id, None, [0] * num_tokens, SamplingParams()).samples[0]
+        self.bm.allocate(seq, num_tokens)
+        seq.num_computed_tokens = num_tokens  # what its blocks hold
+        self.seqs[seq_id] = seq
 
     def append(self, seq_id):
-        copies = self.bm.append_slots(seq_id, self.bm.num_slots[seq_id] + 1)
+        seq = self.seqs[seq_id]
+        copies = self.bm.append_slots(seq, seq.num_computed_tokens + 1)
+        seq.num_computed_tokens += 1
         return copies[0] if copies else None
 
     def fork(self, parent_id, child_id):
-        self.bm.fork(parent_id, child_id)
+        parent = self.seqs[parent_id]
+        child = parent.fork(1)
+        self.bm.fork(parent, child)
+        self.seqs[child_id] = child
 
     def free(self, seq_id):
-        self.bm.free(seq_id)
+        self.bm.free(self.seqs.pop(seq_id))
 
 
 # ---------------------------------------------------------------- lab 7: a scheduler step
@@ -104,10 +118,11 @@ def engine_schedule_trace(sc: Scenario) -> list[dict]:
     for k in range(sc.num_steps):
         for s, p, m, at in sc.requests:
             if at == k:
-                sched.add(Sequence(s, None, scenario_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0,
-                                                                                  ignore_eos=True)))
+                sched.add(Request(s, None, scenario_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0,
+                                                                                 ignore_eos=True)))
         out = sched.schedule()
-        trace.append({"step": k, **step_record(out.scheduled, out.preempted, sched.running, sched.waiting,
+        scheduled = [(entry.seq, entry.num_new_tokens) for entry in out.scheduled]
+        trace.append({"step": k, **step_record(scheduled, out.preempted, sched.running, sched.waiting,
                                                bm.num_free_blocks)})
         n = len(out.sampling)
         sched.update_from_output(out, SamplerOutput(token_ids=[1] * n, logprobs=[None] * n))
@@ -147,10 +162,10 @@ def engine_outputs(w: Workload, eos_token_ids) -> tuple[dict, int]:
     bm = BlockManager(w.num_blocks, w.block_size, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(w.max_num_seqs, w.token_budget, True, "recompute"), bm)
     runner = ModelRunner(tiny_model(), torch.device("cpu"), torch.float32, w.num_blocks, w.block_size)
-    seqs = [Sequence(s, None, tiny_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0), eos_token_ids)
-            for s, p, m in w.requests]
-    for seq in seqs:
-        sched.add(seq)
+    requests = [Request(s, None, tiny_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0), eos_token_ids)
+                for s, p, m in w.requests]
+    for request in requests:
+        sched.add(request)
     steps = 0
     while sched.waiting or sched.running:
         out = sched.schedule()
@@ -158,7 +173,7 @@ def engine_outputs(w: Workload, eos_token_ids) -> tuple[dict, int]:
         tokens = [int(row.argmax()) for row in logits]
         sched.update_from_output(out, SamplerOutput(token_ids=tokens, logprobs=[None] * len(tokens)))
         steps += 1
-    return {s.seq_id: s.output_token_ids for s in seqs}, steps
+    return {r.request_id: r.samples[0].output_token_ids for r in requests}, steps
 
 
 def eos_for(w: Workload) -> list[int]:

@@ -6,17 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..model_runner import ModelRunner
-from ..scheduler import SchedulerOutput
-
-
-class _Computed:
-    """A lab Request as ModelRunner reads a Sequence: its tokens and how many
-    of them the cache holds."""
-
-    wants_prompt_logprobs = False
-
-    def __init__(self, req):
-        self.seq_id, self.token_ids, self.num_computed_tokens = req.seq_id, req.token_ids, req.num_computed
+from ..scheduler import ScheduledSeq, SchedulerOutput
 
 
 def make_execute_model(model, num_blocks: int, block_size: int):
@@ -30,16 +20,17 @@ def make_execute_model(model, num_blocks: int, block_size: int):
     runner = ModelRunner(model, param.device, param.dtype, num_blocks, block_size)
 
     def execute_model(scheduled, allocator) -> dict:
+        # A lab Request has what ModelRunner reads of a Sequence (token_ids); the
+        # rest of each entry comes from the request's counters and the allocator.
         out = SchedulerOutput()
         for req, n in scheduled:
-            out.scheduled.append((_Computed(req), n))
-            out.block_tables.append(allocator.block_tables[req.seq_id])
-            if req.num_computed + n == req.num_tokens:
-                out.sample_rows.append(len(out.scheduled) - 1)
+            last = req.num_computed + n == req.num_tokens  # it samples after this step
+            out.scheduled.append(ScheduledSeq(req, req.num_computed, n, list(allocator.block_tables[req.seq_id]),
+                                              samples=[req] if last else []))
         if not out.scheduled:
             return {}
         logits = runner.execute_model(out).logits
-        return {scheduled[b][0].seq_id: logits[i] for i, b in enumerate(out.sample_rows)}
+        return {req.seq_id: logits[i] for i, req in enumerate(out.sampling)}
 
     return execute_model
 

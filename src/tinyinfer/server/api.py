@@ -1,28 +1,66 @@
 """The HTTP routes: OpenAI's /v1/completions and /v1/chat/completions (plain
-JSON or streamed as server-sent events), /v1/models, /health and /metrics.
+JSON or streamed as server-sent events), /v1/models, /health, /metrics and
+/debug/steps.
 
 A handler validates the request, turns it into a prompt and SamplingParams,
-hands it to the AsyncEngine and relays what comes back. Every error, from a
-malformed body to a failed engine step, is answered in OpenAI's error shape
-{"error": {"message", "type", "param", "code"}}, so OpenAI clients raise a
-readable exception instead of choking on an HTML page.
+hands it to the AsyncLLM and relays the RequestDeltas that come back. Every
+error, from a malformed body to a failed engine step, is answered in OpenAI's
+error shape {"error": {"message", "type", "param", "code"}}, so OpenAI clients
+raise a readable exception instead of choking on an HTML page. Only a bad
+request is a 400; a fault of the server or its engine is a 500, whose
+traceback goes to the server's log and never to the client.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import secrets
+from dataclasses import dataclass, field
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..checks import check_int
 from . import protocol as P
-from .async_engine import AsyncEngine, EngineError
-from .prometheus import prometheus_text
+from .async_llm import AsyncLLM, EngineError, EngineUnavailable, RequestStream
+from .messages import Usage
+
+log = logging.getLogger("tinyinfer.server")
+
+
+def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_name: str | None = None,
+              max_logprobs: int = 20) -> FastAPI:
+    """The FastAPI app serving `engine`: an engine object (an LLMEngine, or any
+    engine_protocol.ServableEngine; its core then runs in a thread of this
+    process) or AsyncLLM.spawn(...) (in a process of its own). The core starts
+    with the app (uvicorn's lifespan) and stops with it. Clients send
+    `model_name` as "model" (default: the engine's model_name). At most
+    `max_waiting` accepted requests may wait for a place in the batch; more get
+    429. A request may ask for at most `max_logprobs` alternatives per token."""
+    check_int("max_waiting", max_waiting, 1)
+    check_int("max_logprobs", max_logprobs, 0)
+    client = engine if isinstance(engine, AsyncLLM) else AsyncLLM(engine)
+    if model_name is not None:
+        client.served_model_name = model_name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await client.start()  # returns once the engine is loaded
+        yield
+        client.shutdown()
+
+    app = FastAPI(title="tinyinfer", lifespan=lifespan)
+    app.state.server = ServerState(client, api_key, max_waiting, max_logprobs)
+    app.include_router(routes)
+    app.include_router(v1, prefix="/v1", dependencies=[Depends(check_key)])
+    add_error_handlers(app)
+    return app
 
 
 class APIError(Exception):
@@ -39,154 +77,150 @@ class APIError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-def build_app(engine, api_key: str | None = None, max_waiting: int = 64, model_name: str | None = None,
-              max_logprobs: int = 20) -> FastAPI:
-    """The FastAPI app serving `engine`: an LLMEngine (its core then runs in a
-    thread of this process) or AsyncEngine.spawn(...) (in a process of its own).
-    The core starts with the app (uvicorn's lifespan) and stops with it. At most
-    `max_waiting` accepted requests may wait for a place in the batch; more get
-    429. A request may ask for at most `max_logprobs` alternatives per token."""
-    if not (isinstance(max_waiting, int) and max_waiting >= 1):
-        raise ValueError(f"max_waiting={max_waiting!r} is invalid: must be an integer >= 1")
-    if not (isinstance(max_logprobs, int) and max_logprobs >= 0):
-        raise ValueError(f"max_logprobs={max_logprobs!r} is invalid: must be an integer >= 0")
-    aeng = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
-    served = model_name or aeng.model_name or (aeng.engine_kwargs or {}).get("model") or "tinyinfer"
+@dataclass
+class ServerState:
+    """What every handler reads (app.state.server)."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await aeng.start()  # returns once the engine is loaded
-        yield
-        aeng.shutdown()
+    client: AsyncLLM
+    api_key: str | None
+    max_waiting: int
+    max_logprobs: int
 
-    app = FastAPI(title="tinyinfer", lifespan=lifespan)
-    app.state.async_engine = aeng
-    app.state.served_model = served
-    admission = _Admission(aeng, max_waiting)
-    _add_error_handlers(app)
+    @property
+    def model(self) -> str:
+        return self.client.served_model_name
 
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
-                           code="invalid_api_key")
-
-    def check_logprobs(param: str, n: int | None) -> None:
-        # Each alternative costs a sort and a detokenization per token; vLLM caps them the same way.
-        if n is not None and n > max_logprobs:
-            raise APIError(400, f"{param}={n} is invalid: at most {max_logprobs} per token "
-                                f"(the server's --max-logprobs)", param=param)
-
-    def check_model(name: str | None) -> None:
-        if name is not None and name != served:
-            raise APIError(404, f"The model '{name}' does not exist; this server serves '{served}'.",
+    def check(self, body, logprobs_param: str, logprobs: int | None) -> None:
+        """The checks every generation request passes before it reaches the engine."""
+        if body.model is not None and body.model != self.model:
+            raise APIError(404, f"The model '{body.model}' does not exist; this server serves '{self.model}'.",
                            param="model", code="model_not_found")
+        problem = body.unsupported()
+        if problem:
+            raise APIError(400, problem[1], param=problem[0])
+        # Each alternative costs a sort and a detokenization per token; vLLM caps them the same way.
+        if logprobs is not None and logprobs > self.max_logprobs:
+            raise APIError(400, f"{logprobs_param}={logprobs} is invalid: at most {self.max_logprobs} per token "
+                                f"(the server's --max-logprobs)", param=logprobs_param)
 
-    auth = [Depends(check_key)]
-
-    @app.get("/health")
-    async def health():
-        if not aeng.is_alive:
-            raise APIError(503, f"the engine loop is not running: {aeng.fatal_error!r}", "server_error")
-        return {"status": "ok"}
-
-    @app.get("/v1/models", dependencies=auth)
-    async def models():
-        return {"object": "list", "data": [{"id": served, "object": "model", "created": 0, "owned_by": "tinyinfer",
-                                           "max_model_len": aeng.max_model_len}]}
-
-    @app.get("/debug/steps")
-    async def steps():
-        """The last busy steps of the engine (up to 10,000): prompt tokens and decode
-        sequences each carried, the seconds inside step(), and the seconds of the whole
-        turn of the core's loop. benchmarks/fleet_vs_server.py fits the simulator's
-        step-cost model to them, so the simulator runs on this server's own clock."""
-        keys = ("prefill_tokens", "decode_seqs", "step_s", "turn_s")
-        return {"steps": [dict(zip(keys, row)) for row in list(aeng.recent_steps)]}
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse(prometheus_text(aeng), media_type="text/plain; version=0.0.4")
-
-    @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: P.CompletionRequest, request: Request):
-        check_model(body.model)
-        _check_supported(body)
-        if body.echo:
-            raise APIError(400, "echo is not supported by this server", param="echo")
-        check_logprobs("logprobs", body.logprobs)
-        prompt = _value_error_as_400(body.engine_prompt, "prompt")
-        max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default for completions
-        params = _value_error_as_400(lambda: body.sampling_params(max_tokens, body.logprobs))
-        job = _Job(P.new_id("cmpl"), served, "text_completion", body.logprobs, body.include_usage)
-        return await _serve(aeng, admission, job, prompt, params, body.stream, request)
-
-    @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat_completions(body: P.ChatCompletionRequest, request: Request):
-        check_model(body.model)
-        _check_supported(body)
-        if not body.messages:
-            raise APIError(400, "messages: expected at least one message", param="messages")
-        check_logprobs("top_logprobs", body.top_logprobs)
-        tok = aeng.tokenizer
-        ids = _value_error_as_400(lambda: tok.apply_chat_template([m.as_dict() for m in body.messages]), "messages")
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        if max_tokens is None:  # OpenAI's default: as many as the context window (and KV cache) leave
-            room = aeng.max_model_len or len(ids) + 16
-            stats = aeng.stats
-            if stats is not None and getattr(stats, "kv_blocks_total", 0):
-                room = min(room, stats.kv_blocks_total * stats.block_size)
-            max_tokens = max(1, room - len(ids))
-        top_n = (body.top_logprobs or 0) if body.logprobs else None
-        params = _value_error_as_400(lambda: body.sampling_params(max_tokens, top_n))
-        job = _Job(P.new_id("chatcmpl"), served, "chat.completion", top_n, body.include_usage)
-        return await _serve(aeng, admission, job, {"prompt_token_ids": ids}, params, body.stream, request)
-
-    return app
-
-
-class _Admission:
-    """The bounded waiting queue. A request is "waiting" from its arrival until
-    the engine schedules it; when max_waiting are already waiting, a new one is
-    refused with 429 rather than queued without limit."""
-
-    def __init__(self, aeng: AsyncEngine, max_waiting: int):
-        self.aeng, self.max_waiting = aeng, max_waiting
-
-    def check(self) -> None:
-        # No await between this check and add_request's count, and the event
-        # loop runs one handler at a time, so two requests cannot both slip in.
-        waiting = self.aeng.num_waiting
+    def admit(self) -> None:
+        """The bounded waiting queue. A request is "waiting" from its arrival until
+        the engine schedules it; when max_waiting are already waiting, a new one is
+        refused with 429 rather than queued without limit. No await lies between
+        this check and add_request's count, and the event loop runs one handler at
+        a time, so two requests cannot both slip in."""
+        waiting = self.client.num_waiting
         if waiting >= self.max_waiting:
             raise APIError(429, f"The server is busy: {waiting} requests are already waiting "
                                 f"(--max-waiting {self.max_waiting}). Retry shortly.",
                            "rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
 
 
+def _server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def check_key(request: Request) -> None:
+    api_key = _server(request).api_key
+    if api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        raise APIError(401, "Invalid or missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
+
+
+routes, v1 = APIRouter(), APIRouter()  # v1's routes need the API key, when the server has one
+
+
+@routes.get("/health")
+async def health(request: Request):
+    client = _server(request).client
+    if not client.is_alive:
+        raise APIError(503, f"the engine loop is not running: {client.fatal_error or 'it has stopped'}",
+                       "server_error")
+    return {"status": "ok"}
+
+
+@routes.get("/metrics")
+async def metrics(request: Request):
+    return Response(generate_latest(_server(request).client.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@routes.get("/debug/steps")
+async def steps(request: Request):
+    """The last busy steps of the engine (up to 10,000): prompt tokens and decode
+    sequences each carried, the seconds inside step(), and the seconds of the whole
+    turn of the core's loop. benchmarks/fleet_vs_server.py fits the simulator's
+    step-cost model to them, so the simulator runs on this server's own clock."""
+    return {"steps": [{"prefill_tokens": s.prefill_tokens, "decode_seqs": s.decode_seqs,
+                       "step_s": round(s.step_s, 6), "turn_s": round(s.turn_s, 6)}
+                      for s in list(_server(request).client.metrics.recent_steps)]}
+
+
+@v1.get("/models")
+async def models(request: Request):
+    server = _server(request)
+    return {"object": "list", "data": [{"id": server.model, "object": "model", "created": 0, "owned_by": "tinyinfer",
+                                       "max_model_len": server.client.max_model_len}]}
+
+
+@v1.post("/completions")
+async def completions(body: P.CompletionRequest, request: Request):
+    server = _server(request)
+    server.check(body, "logprobs", body.logprobs)
+    if body.echo:
+        raise APIError(400, "echo is not supported by this server", param="echo")
+    prompt = _as_400(body.engine_prompt, "prompt")
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default for completions
+    params = _as_400(lambda: body.sampling_params(max_tokens, body.logprobs))
+    job = _Job(P.new_id("cmpl"), server.model, False, body.logprobs, body.include_usage)
+    return await _serve(server, job, prompt, params, body.stream, request)
+
+
+@v1.post("/chat/completions")
+async def chat_completions(body: P.ChatCompletionRequest, request: Request):
+    server = _server(request)
+    server.check(body, "top_logprobs", body.top_logprobs)
+    prompt = _as_400(body.engine_prompt, "messages")
+    # No max_tokens: OpenAI's default, as many as the context window and KV cache
+    # leave after the prompt; the core, which tokenizes the chat, works it out.
+    from_room = body.requested_max_tokens is None
+    params = _as_400(lambda: body.sampling_params(1 if from_room else body.requested_max_tokens, body.top_n))
+    job = _Job(P.new_id("chatcmpl"), server.model, True, body.top_n, body.include_usage)
+    return await _serve(server, job, prompt, params, body.stream, request, from_room)
+
+
+@dataclass
 class _Job:
     """What a handler needs to format one request's answer."""
 
-    def __init__(self, rid: str, model: str, kind: str, top_n: int | None, include_usage: bool):
-        self.rid, self.model, self.kind, self.top_n, self.include_usage = rid, model, kind, top_n, include_usage
-        self.created = P.now()
-        self.chat = kind == "chat.completion"
+    rid: str
+    model: str
+    chat: bool
+    top_n: int | None  # alternatives per token, None for no logprobs
+    include_usage: bool
+    created: int = field(default_factory=P.now)
+
+    @property
+    def param(self) -> str:
+        return "messages" if self.chat else "prompt"
 
 
-async def _serve(aeng, admission, job: _Job, prompt, params, stream: bool, request: Request):
-    admission.check()
+async def _serve(server: ServerState, job: _Job, prompt, params, stream: bool, request: Request,
+                 max_tokens_from_room: bool = False):
+    server.admit()
     try:
-        handle = await aeng.add_request(prompt, params)
+        handle = await server.client.add_request(prompt, params, max_tokens_from_room)
     except ValueError as e:  # the engine's own validation, e.g. the prompt is over the context window
-        raise APIError(400, str(e), param="messages" if job.chat else "prompt") from None
-    except EngineError as e:
+        raise APIError(400, str(e), param=_param(str(e), job.param)) from None
+    except EngineUnavailable as e:
         raise APIError(503, str(e), "server_error") from None
-    outputs = _outputs(aeng, handle)
+    except EngineError as e:  # the engine failed on it; the core logged why
+        raise APIError(500, str(e), "server_error") from None
+    deltas = _deltas(server.client, handle)
     if stream:
-        return _SSEResponse(_sse(job, outputs), on_close=lambda: _release(aeng, handle))
-    return await _whole(job, outputs, request)
+        return _SSEResponse(_sse(job, deltas), on_close=lambda: server.client.release(handle))
+    return await _whole(job, deltas, request)
 
 
 class _SSEResponse(StreamingResponse):
@@ -204,56 +238,51 @@ class _SSEResponse(StreamingResponse):
             self.on_close()
 
 
-def _release(aeng: AsyncEngine, handle) -> None:
-    """Take an unfinished request out of the engine: its batch slot and KV blocks are freed."""
-    if not handle.finished:
-        handle.finished = True
-        aeng.abort(handle.request_id)
-
-
-async def _outputs(aeng: AsyncEngine, handle):
-    """The engine's RequestOutputs for one request. However the consumer stops
-    (finished, client gone, error), the request leaves the engine."""
+async def _deltas(client: AsyncLLM, handle: RequestStream):
+    """The request's RequestDeltas as the core sends them. However the consumer
+    stops (finished, client gone, error), the request leaves the engine."""
     try:
         while True:
             item = await handle.queue.get()
             if isinstance(item, BaseException):
-                handle.finished = True  # the engine thread has already dropped it
+                handle.finished = True  # the core has already dropped it
                 raise item
-            handle.finished = item.finished
+            handle.finished = item.usage is not None  # the request's last delta carries its usage
             yield item
-            if item.finished:
+            if handle.finished:
                 return
     finally:
-        _release(aeng, handle)
+        client.release(handle)
 
 
-async def _whole(job: _Job, outputs, request: Request) -> JSONResponse:
-    """Non-streaming: wait for the final output, unless the client hangs up first."""
-    async def last():
-        out = None
-        async for out in outputs:
-            pass
-        return out
-
-    task = asyncio.ensure_future(last())
+async def _whole(job: _Job, deltas, request: Request) -> JSONResponse:
+    """Non-streaming: gather the deltas until the request ends, unless the client hangs up first."""
+    task = asyncio.ensure_future(_gather(deltas))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not task.done():
-            task.cancel()  # runs _outputs' finally: the request is aborted
+            task.cancel()  # runs _deltas' finally: the request is aborted
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    if not task.done() or task.cancelled():
+    if task.cancelled():
         return JSONResponse({}, status_code=499)  # nobody reads this: the client has gone
     try:
-        out = task.result()
+        choices, usage = task.result()
     except EngineError as e:
         raise APIError(500, str(e), "server_error") from None
     build = P.chat_response if job.chat else P.completion_response
-    return JSONResponse(build(job.rid, job.model, job.created, out, job.top_n))
+    return JSONResponse(build(job.rid, job.model, job.created, choices, usage, job.top_n))
+
+
+async def _gather(deltas) -> tuple[list[P.Choice], Usage]:
+    choices: dict[int, P.Choice] = {}
+    async for d in deltas:
+        choices.setdefault(d.index, P.Choice(d.index)).add(d)
+        usage = d.usage  # set on the last one
+    return sorted(choices.values(), key=lambda c: c.index), usage
 
 
 async def _disconnected(request: Request) -> None:
@@ -261,10 +290,11 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _sse(job: _Job, outputs):
-    """Streaming: one `data: {json}` event per step that added text, then a
-    usage event if asked for, then `data: [DONE]`."""
+async def _sse(job: _Job, deltas):
+    """Streaming: one `data: {json}` event per delta that added text (or
+    logprobs, or a finish), then a usage event if asked for, then `data: [DONE]`."""
     obj = "chat.completion.chunk" if job.chat else "text_completion"
+    as_choice = P.chat_chunk_choice if job.chat else P.completion_chunk_choice
 
     def chunk(choice: dict | None, usage: dict | None = None) -> str:
         body = {"id": job.rid, "object": obj, "created": job.created, "model": job.model,
@@ -273,64 +303,44 @@ async def _sse(job: _Job, outputs):
             body["usage"] = usage  # null on every chunk but the last, as OpenAI does
         return f"data: {json.dumps(body)}\n\n"
 
-    sent_text, sent_tokens, out = {0: 0}, {0: 0}, None  # per choice (n > 1: one per parallel sample)
-    ended = set()
+    usage, announced = None, {0}  # the choices whose role was sent (chat, n > 1)
     try:
-        if job.chat:  # OpenAI's first chat chunk announces the role
-            yield chunk(_role(0))
-        async for out in outputs:
-            for c in out.outputs:
-                if c.index in ended:
-                    continue
-                if c.index not in sent_text:
-                    sent_text[c.index] = sent_tokens[c.index] = 0
-                    if job.chat:
-                        yield chunk(_role(c.index))
-                text = c.text[sent_text[c.index]:]
-                new_ids, new_lps = c.token_ids[sent_tokens[c.index]:], (c.logprobs or [])[sent_tokens[c.index]:]
-                if not text and not c.finish_reason and not (job.top_n is not None and new_ids):
-                    continue
-                lps = None
-                if job.top_n is not None:
-                    lps = (P.chat_logprobs(new_lps, new_ids, job.top_n) if job.chat
-                           else P.completion_logprobs(new_lps, new_ids, job.top_n, offset=sent_text[c.index]))
-                if job.chat:
-                    yield chunk({"index": c.index, "delta": {"content": text} if text else {}, "logprobs": lps,
-                                 "finish_reason": c.finish_reason})
-                else:
-                    yield chunk({"index": c.index, "text": text, "logprobs": lps, "finish_reason": c.finish_reason})
-                sent_text[c.index], sent_tokens[c.index] = len(c.text), len(c.token_ids)
-                if c.finish_reason:
-                    ended.add(c.index)
-    except EngineError as e:  # headers are sent already: report in-band, as vLLM does
-        yield f"data: {json.dumps(P.error_body(str(e), 'server_error', code=500))}\n\n"
+        if job.chat:
+            yield chunk(P.role_chunk_choice(0))
+        async for d in deltas:
+            usage = d.usage or usage
+            if job.chat and d.index not in announced:
+                announced.add(d.index)
+                yield chunk(P.role_chunk_choice(d.index))
+            if d.text_delta or d.finish_reason or (job.top_n is not None and d.new_token_ids):
+                yield chunk(as_choice(d, job.top_n))
+    except Exception as e:  # headers are sent already: report in-band, as vLLM does
+        message = str(e)
+        if not isinstance(e, EngineError):  # a bug of this server's, not the engine's
+            log.exception("streaming %s failed", job.rid)
+            message = f"internal error while streaming ({type(e).__name__}); the server's log has the traceback"
+        yield f"data: {json.dumps(P.error_body(message, 'server_error', code=500))}\n\n"
         yield "data: [DONE]\n\n"
         return
-    if job.include_usage and out is not None:
-        yield chunk(None, P.usage(out))
+    if job.include_usage and usage is not None:
+        yield chunk(None, P.usage(usage))
     yield "data: [DONE]\n\n"
 
 
-def _role(index: int) -> dict:
-    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-
-
-def _check_supported(body) -> None:
-    problem = body.unsupported()
-    if problem:
-        raise APIError(400, problem[1], param=problem[0])
-
-
-def _value_error_as_400(fn, param: str | None = None):
+def _as_400(fn, param: str | None = None):
     """Run fn; a ValueError (which names the field) becomes a 400 for that field."""
     try:
         return fn()
     except ValueError as e:
-        named = re.match(r"SamplingParams\.(\w+)", str(e))
-        raise APIError(400, str(e), param=named.group(1) if named else param) from None
+        raise APIError(400, str(e), param=_param(str(e), param)) from None
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _param(message: str, default: str | None) -> str | None:
+    named = re.match(r"SamplingParams\.(\w+)", message)
+    return named.group(1) if named else default
+
+
+def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
         return exc.response()
@@ -354,4 +364,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
-        return APIError(500, f"internal error: {exc!r}", "server_error").response()
+        # A bug here, not the client's fault: a 500 that says so, the traceback in the log.
+        log.error("internal error answering %s %s", request.method, request.url.path, exc_info=exc)
+        return APIError(500, f"internal error ({type(exc).__name__}); the server's log has the traceback",
+                        "server_error").response()

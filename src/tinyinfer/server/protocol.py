@@ -3,18 +3,21 @@ JSON shapes of responses and streamed chunks.
 
 Field names follow OpenAI's API; top_k, repetition_penalty, ignore_eos and
 stop_token_ids are vLLM's extensions to it. A response is built from the
-engine's RequestOutput, so this file is where "what the engine produced" turns
-into "what the client reads".
+engine core's RequestDeltas (messages.py), so this file is where "what the
+engine produced" turns into "what the client reads".
 """
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from ..outputs import PositionLogprobs
 from ..sampling import SamplingParams
+from .messages import ChatPrompt, RequestDelta, Usage
 
 
 class StreamOptions(BaseModel):
@@ -43,8 +46,9 @@ class _SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for a valid-looking request this engine cannot honour."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
+        penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+        for name, value in penalties.items():
+            if value:
                 return name, f"{name} is not supported (use repetition_penalty); it must be 0"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true"
@@ -127,17 +131,49 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
 
+    def engine_prompt(self) -> ChatPrompt:
+        if not self.messages:
+            raise ValueError("messages: expected at least one message")
+        return ChatPrompt([m.as_dict() for m in self.messages])
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def top_n(self) -> int | None:
+        """Alternatives per token, or None when no logprobs are asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 # --- responses ------------------------------------------------------------------
+
+
+@dataclass
+class Choice:
+    """One sample's whole answer, gathered from its deltas: a response that is
+    not streamed is sent once the request has finished."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, delta: RequestDelta) -> None:
+        self.text += delta.text_delta
+        self.token_ids += delta.new_token_ids
+        self.logprobs += delta.new_logprobs or []
+        self.finish_reason = delta.finish_reason or self.finish_reason
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(out) -> dict:
-    prompt, completion = len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(u: Usage) -> dict:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
 
 
 def completion_logprobs(positions, token_ids, top_n: int, offset: int = 0) -> dict:
@@ -169,25 +205,42 @@ def _token_entry(lp) -> dict:
     return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode())}
 
 
-def completion_response(rid: str, model: str, created: int, out, top_n: int | None) -> dict:
+def completion_response(rid: str, model: str, created: int, choices: list[Choice], u: Usage,
+                        top_n: int | None) -> dict:
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
                      "logprobs": None if top_n is None else completion_logprobs(c.logprobs, c.token_ids, top_n)}
-                    for c in out.outputs],
-        "usage": usage(out),
+                    for c in choices],
+        "usage": usage(u),
     }
 
 
-def chat_response(rid: str, model: str, created: int, out, top_n: int | None) -> dict:
+def chat_response(rid: str, model: str, created: int, choices: list[Choice], u: Usage, top_n: int | None) -> dict:
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                      "finish_reason": c.finish_reason,
                      "logprobs": None if top_n is None else chat_logprobs(c.logprobs, c.token_ids, top_n)}
-                    for c in out.outputs],
-        "usage": usage(out),
+                    for c in choices],
+        "usage": usage(u),
     }
+
+
+def completion_chunk_choice(d: RequestDelta, top_n: int | None) -> dict:
+    lps = None if top_n is None else completion_logprobs(d.new_logprobs, d.new_token_ids, top_n, d.text_offset)
+    return {"index": d.index, "text": d.text_delta, "logprobs": lps, "finish_reason": d.finish_reason}
+
+
+def chat_chunk_choice(d: RequestDelta, top_n: int | None) -> dict:
+    lps = None if top_n is None else chat_logprobs(d.new_logprobs, d.new_token_ids, top_n)
+    return {"index": d.index, "delta": {"content": d.text_delta} if d.text_delta else {}, "logprobs": lps,
+            "finish_reason": d.finish_reason}
+
+
+def role_chunk_choice(index: int) -> dict:
+    """OpenAI's first chat chunk of each choice announces the role."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:

@@ -22,7 +22,8 @@ import torch
 from ..checks import check_choice, check_context_window, check_prompt_ids, is_int, require
 from ..forward import forward_tokens, new_cache
 from ..kv_cache import KVCache
-from ..sampling import Sampler, SamplingParams, make_generator
+from ..request import Request
+from ..sampling import Sampler, SamplingParams
 from ..sequence import Sequence
 from .drafts import LayerDraft, NgramDraft
 from .verify import accept_draft_tokens
@@ -63,8 +64,8 @@ class SpeculativeDecoder:
     draft="ngram": prompt lookup (prompt_lookup_max..prompt_lookup_min tokens);
     draft="layers": the target's first draft_layers layers (default: three quarters
     of them; a model not trained to exit early rarely agrees with itself much
-    sooner); draft="none": no
-    draft, one token per pass (plain decoding, for comparison).
+    sooner); draft="none": no draft, one token per pass (plain decoding, for
+    comparison).
     `llm_or_model` is an LLM or a LlamaForCausalLM."""
 
     def __init__(self, llm_or_model, draft: str = "ngram", num_speculative_tokens: int = 4,
@@ -97,9 +98,16 @@ class SpeculativeDecoder:
         params = sampling_params if sampling_params is not None else SamplingParams()
         prompt = self._validate(prompt_token_ids, params)
         device = self.model.lm_head.weight.device
-        seq = Sequence(request_id=str(next(self._ids)), prompt=None, prompt_token_ids=prompt, params=params,
-                       eos_token_ids=self.eos_token_ids, generator=make_generator(params.seed, device),
-                       decode=self.tokenizer.decode if self.tokenizer is not None else None)
+        request = Request(str(next(self._ids)), None, prompt, params, self.eos_token_ids,
+                          self.tokenizer.decode if self.tokenizer is not None else None)
+        seq = request.samples[0]
+        try:
+            return self._generate(seq, device)
+        finally:
+            self.sampler.free([seq])  # its generator and penalty mask
+
+    def _generate(self, seq: Sequence, device):
+        params, prompt = seq.params, seq.prompt_token_ids
         stats = SpecDecodeStats()
         start = time.perf_counter()
         # Drafts are capped so nothing is written past the last position a reply can reach.
@@ -124,11 +132,12 @@ class SpeculativeDecoder:
     def _step(self, seq: Sequence, cache: KVCache, stats: SpecDecodeStats) -> None:
         """Draft, verify in one target pass, accept a prefix, append."""
         params, context = seq.params, seq.token_ids
+        generator = self.sampler.generator(seq, self.model.lm_head.weight.device)  # the sampler keeps it
         # A step yields up to k+1 tokens; never draft beyond what max_tokens allows.
         k = min(self.num_speculative_tokens, params.max_tokens - seq.num_output_tokens - 1)
         drafts, draft_probs = [], None
         if self.draft is not None and k > 0:
-            drafts, draft_probs = self.draft.propose(context, k, params, seq.generator)
+            drafts, draft_probs = self.draft.propose(context, k, params, generator)
         # The cache holds positions 0..n-2; the last token (position n-1) has not
         # been through the target yet. Feeding it plus the drafts at positions
         # n-1..n-1+k gives the target's distribution for every drafted position
@@ -136,7 +145,7 @@ class SpeculativeDecoder:
         logits = forward_tokens(self.model, [context[-1]] + drafts, len(context) - 1, cache)
         stats.num_target_forward_passes += 1
         target_probs = self.sampler.draft_target_probs(logits, seq, drafts)
-        tokens, num_accepted = accept_draft_tokens(target_probs, draft_probs, drafts, seq.generator)
+        tokens, num_accepted = accept_draft_tokens(target_probs, draft_probs, drafts, generator)
         stats.num_proposed += len(drafts)
         stats.num_accepted += num_accepted
         # Rejected drafts leave keys in cache columns past the accepted ones. They
