@@ -28,7 +28,7 @@ def test_the_byte_counts_choose_format_is_checked_against_are_the_storage_layout
     scales = 204 bytes; INT4 g64 [2, 80] is 80 bytes of codes + 2 rows x 2 groups (the
     second one short) x (fp16 scale + fp16 zero) = 96 bytes; INT4 g128 [4, 576] is
     4 x 288 + 4 rows x 5 groups x 4 bytes = 1,232 bytes (4.28 bits per weight)."""
-    cost = quantization.reference_format_cost
+    cost = quantization.engine_format_cost
     assert cost(torch.randn(3, 64), "int8")[0] == 204
     assert cost(torch.randn(2, 80), "int4", 64)[0] == 96
     assert cost(torch.randn(4, 576), "int4", 128)[0] == 1232

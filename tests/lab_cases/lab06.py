@@ -152,7 +152,7 @@ def _engine_int4(w, group_size):
 def _via_engine_costs(w, budget_bits, candidates):  # the course's cost function inside a loop of one's own
     fitting = []
     for c in candidates:
-        nbytes, error = labcheck.reference_format_cost(w, *c)
+        nbytes, error = labcheck.engine_format_cost(w, *c)
         if 8 * nbytes <= budget_bits * w.numel():
             fitting.append((error, nbytes, tuple(c)))
     return min(fitting)[2] if fitting else None

@@ -122,7 +122,7 @@ def _layer(w: torch.Tensor, method: str, group_size):
     return quant.Int8Linear.from_weight(w) if method == "int8" else quant.Int4Linear.from_weight(w, group_size)
 
 
-def reference_format_cost(w: torch.Tensor, method: str, group_size=None) -> tuple[int, float]:
+def engine_format_cost(w: torch.Tensor, method: str, group_size=None) -> tuple[int, float]:
     """(bytes the engine stores for w in this format, relative error ||W' - W|| / ||W||),
     from the engine's own layer: quant.model_bytes counts its codes, scales and zeros,
     and the error is that of the weights the layer reads back."""
@@ -142,7 +142,7 @@ def reference_choose_format(w: torch.Tensor, budget_bits: float, candidates):
     bytes, then to the earlier candidate; None when none fits."""
     best = None  # (error, bytes, candidate)
     for candidate in candidates:
-        nbytes, error = reference_format_cost(w, *candidate)
+        nbytes, error = engine_format_cost(w, *candidate)
         if 8 * nbytes <= budget_bits * w.numel() and (best is None or (error, nbytes) < best[:2]):
             best = (error, nbytes, candidate)
     return None if best is None else best[2]
@@ -232,7 +232,7 @@ def _choose_cases() -> list[Case]:
     ]
     cases = []
     for w, what, budget, candidates, why in plan:
-        costs = [(c, *reference_format_cost(w, *c)) for c in candidates]
+        costs = [(c, *engine_format_cost(w, *c)) for c in candidates]
         table = ", ".join(f"{_name(c)} {8 * b / w.numel():.3f} bits error {e:.4f}" for c, b, e in costs)
         show = (f"w = {what}, budget_bits = {budget}, candidates = {list(candidates)}\n"
                 f"    (why this case: {why})\n    the engine stores: {table}")
@@ -253,10 +253,10 @@ def check_choose_format(choose_format) -> bool:
     (ties to fewer bytes, None when nothing fits); against the engine's layers and byte
     counts (tinyinfer.quant.model_bytes) on cases where the answer flips with the budget."""
     return run_check("choose_format", choose_format, _choose_cases, same=_same_choice,
-                     forbidden=(reference_choose_format, reference_format_cost))
+                     forbidden=(reference_choose_format, engine_format_cost))
 
 
 LAB = Lab(6, "quantization",
           exports=("check_quantize_int4", "check_choose_format", "reference_quantize_int4",
-                   "reference_choose_format", "reference_format_cost"),
+                   "reference_choose_format", "engine_format_cost"),
           fallbacks={"check_quantize_int4": reference_quantize_int4, "check_choose_format": reference_choose_format})
