@@ -272,7 +272,6 @@ def test_compare_prediction_never_raises(capsys):
 WHY_PENDING = {  # one lab per line: each is removed when its why-questions are written
     "04-prefill-decode",
     "05-kv-cache",
-    "06-quantization",
     "07-batching",
     "08-fleets",
     "11-your-engine",
@@ -439,7 +438,6 @@ MINUTES_PENDING = {  # one lab per line: each is removed when its first page giv
     "02-attention",
     "04-prefill-decode",
     "05-kv-cache",
-    "06-quantization",
     "07-batching",
     "08-fleets",
     "11-your-engine",
