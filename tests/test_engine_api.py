@@ -169,6 +169,8 @@ def test_tokenizer_and_chat_template_match_transformers(llm, default_model_dir):
     ("top_p", 0.0, "(0, 1]"),
     ("top_p", 1.5, "(0, 1]"),
     ("top_k", -2, "-1"),
+    ("min_p", -0.1, "[0, 1]"),
+    ("min_p", 1.5, "[0, 1]"),
     ("max_tokens", 0, ">= 1"),
     ("repetition_penalty", 0.0, "> 0"),
 ])

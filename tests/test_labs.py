@@ -270,15 +270,10 @@ def test_compare_prediction_never_raises(capsys):
 # them. Each is expected to fail the rule below (strict: once a lab passes, it
 # must leave this list, so the list cannot go stale).
 WHY_PENDING = {  # one lab per line: each is removed when its why-questions are written
-    "01-tokens",
-    "03-sampling",
     "04-prefill-decode",
     "05-kv-cache",
-    "06-quantization",
     "07-batching",
     "08-fleets",
-    "09-toolbox",
-    "10-beyond-one-reply",
     "11-your-engine",
 }
 
@@ -440,16 +435,11 @@ def test_grade_answer_reminds_on_none_and_never_raises(capsys):
 
 MINUTES = re.compile(r"\babout (\d+) minutes\b", re.I)
 MINUTES_PENDING = {  # one lab per line: each is removed when its first page gives its minutes
-    "01-tokens",
     "02-attention",
-    "03-sampling",
     "04-prefill-decode",
     "05-kv-cache",
-    "06-quantization",
     "07-batching",
     "08-fleets",
-    "09-toolbox",
-    "10-beyond-one-reply",
     "11-your-engine",
 }
 

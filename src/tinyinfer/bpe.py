@@ -11,6 +11,10 @@ Encoding happens in two stages:
 
 Working on bytes rather than characters means any string (any language, emoji,
 stray control characters) can be encoded: all 256 single bytes are tokens.
+
+Training (train_bpe) runs the other way: it learns the ranks. Starting from the
+256 bytes, each step counts every adjacent pair in the corpus, adds the most
+frequent one as the next rank and merges it everywhere (merge_step).
 """
 from __future__ import annotations
 
@@ -105,28 +109,55 @@ class BPETokenizer:
 
 def train_bpe(text: str, num_merges: int, pattern: str = GPT2_PATTERN) -> dict[bytes, int]:
     """Learn a rank table from `text`: start from the 256 bytes, then
-    `num_merges` times add the most frequent adjacent pair as a new token.
-    Returns ranks usable by bpe_encode_piece and BPETokenizer."""
+    `num_merges` times add the most frequent adjacent pair as a new token
+    (merge_step). Returns ranks usable by bpe_encode_piece and BPETokenizer."""
     ranks = {bytes([b]): b for b in range(256)}
-    # Each distinct piece is stored once, with how often it occurs.
-    words = Counter(tuple(bytes([b]) for b in p.encode("utf-8")) for p in regex.findall(pattern, text))
+    words = word_counts(text, pattern)
     for _ in range(num_merges):
-        pairs = Counter()
-        for word, count in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += count
-        if not pairs:
+        pair, words = merge_step(words)
+        if pair is None:
             break  # every piece is already a single token
-        best = max(pairs, key=pairs.get)  # ties: the pair seen first wins
         # setdefault: two different pairs can spell the same bytes ("a"+"bc",
         # "ab"+"c"); the token keeps the rank it got first.
-        ranks.setdefault(best[0] + best[1], len(ranks))
-        words = Counter({_merge(word, best): n for word, n in words.items()})
+        ranks.setdefault(pair[0] + pair[1], len(ranks))
     return ranks
 
 
-def _merge(word: tuple[bytes, ...], pair: tuple[bytes, bytes]) -> tuple[bytes, ...]:
-    """Replace every occurrence of `pair` in `word`, left to right."""
+# --- one training step, in three parts (lab 1 writes merge_step itself) ---------
+
+Word = tuple[bytes, ...]  # a distinct piece of the corpus, as its current parts
+
+
+def word_counts(text: str, pattern: str = GPT2_PATTERN) -> dict[Word, int]:
+    """The corpus as training sees it: each distinct piece once, split into
+    single bytes, with how often it occurs. Counting a frequent word once, with
+    its count, is what makes training fast: the pairs of " the" are counted
+    once per step, not once per occurrence."""
+    return dict(Counter(tuple(bytes([b]) for b in p.encode("utf-8")) for p in regex.findall(pattern, text)))
+
+
+def count_pairs(words: dict[Word, int]) -> Counter:
+    """How often each adjacent pair of parts occurs, every position of every
+    word counted, weighted by the word's count ("aaa" holds ("a", "a") twice)."""
+    pairs = Counter()
+    for word, count in words.items():
+        for pair in zip(word, word[1:]):
+            pairs[pair] += count
+    return pairs
+
+
+def best_pair(pairs: Counter) -> tuple[bytes, bytes] | None:
+    """The most frequent pair; on a tie, the smallest one in byte order (Python's
+    order of (bytes, bytes) tuples: first parts compared, then second parts).
+    A stated rule, so that any implementation picks the same pair. "The pair
+    seen first" (max() over a dict) would depend on the order the corpus was
+    read in; Hugging Face's trainer breaks ties by its own token ids instead."""
+    return min(pairs, key=lambda pair: (-pairs[pair], pair)) if pairs else None
+
+
+def merge_pair(word: Word, pair: tuple[bytes, bytes]) -> Word:
+    """Replace every occurrence of `pair` in `word`, left to right, without
+    overlaps: ("a", "a", "a") becomes ("aa", "a")."""
     out, i = [], 0
     while i < len(word):
         if word[i : i + 2] == pair:
@@ -136,3 +167,17 @@ def _merge(word: tuple[bytes, ...], pair: tuple[bytes, bytes]) -> tuple[bytes, .
             out.append(word[i])
             i += 1
     return tuple(out)
+
+
+def merge_step(words: dict[Word, int]) -> tuple[tuple[bytes, bytes] | None, dict[Word, int]]:
+    """One step of BPE training: count the pairs (count_pairs), choose the best
+    (best_pair), merge it in every word (merge_pair). Returns (the pair, the new
+    table), or (None, an unchanged copy) when no word has two parts left. The
+    table given is not modified."""
+    pair = best_pair(count_pairs(words))
+    if pair is None:
+        return None, dict(words)
+    merged = Counter()
+    for word, count in words.items():
+        merged[merge_pair(word, pair)] += count  # two spellings of the same bytes would add up
+    return pair, dict(merged)

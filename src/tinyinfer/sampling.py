@@ -1,7 +1,7 @@
 """SamplingParams and the sampler: how a row of logits becomes one token.
 
 The pipeline, in vLLM's order:
-  logits -> repetition penalty -> temperature -> top-k -> top-p -> draw
+  logits -> repetition penalty -> temperature -> min-p -> top-k -> top-p -> draw
 Temperature 0 means greedy: take the highest score (after the penalty).
 Every step is a small function, so a lab can swap in its own and a chapter can
 show the distribution after each step. The Sampler at the end runs them for a
@@ -9,6 +9,7 @@ whole step's batch, for the engine and for speculative decoding alike.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +28,8 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k cut
+    top_k: int = -1  # -1 or 0: no top-k cut (vLLM accepts both; its default is now 0)
+    min_p: float = 0.0  # keep tokens with probability >= min_p * the top token's; 0: off
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -51,7 +53,8 @@ class SamplingParams:
         check(is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
         check(is_number(self.temperature) and self.temperature >= 0, "temperature", ">= 0 (0 means greedy)")
         check(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
-        check(is_int(self.top_k) and self.top_k >= -1 and self.top_k != 0, "top_k", "-1 (off) or an integer >= 1")
+        check(is_int(self.top_k) and self.top_k >= -1, "top_k", "-1 or 0 (off), or an integer >= 1")
+        check(is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1] (0 means off)")
         check(is_number(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
               "> 0 (1 means off)")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings")
@@ -85,9 +88,22 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
 
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep the tokens whose probability is at least min_p times the most
+    likely token's (Nguyen et al., 2024; vLLM's min_p). The cut follows the
+    model's confidence: a sure top token leaves few others, a flat
+    distribution many. p_i >= min_p * p_max is z_i - z_max >= log(min_p) in
+    logits (softmax's common denominator cancels), so no softmax is needed."""
+    if min_p <= 0:
+        return logits
+    threshold = logits.max() + math.log(min_p)
+    return logits.masked_fill(logits < threshold, -_INF)
+
+
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k highest scores (ties at the k-th score are kept too)."""
-    if k == -1 or k >= logits.numel():
+    """Keep the k highest scores (ties at the k-th score are kept too);
+    k = -1 or 0 means off, as in vLLM."""
+    if k <= 0 or k >= logits.numel():
         return logits
     kth = torch.topk(logits, k).values[-1]
     return logits.masked_fill(logits < kth, -_INF)
@@ -113,6 +129,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Ten
     if params.greedy:
         return logits
     logits = apply_temperature(logits, params.temperature)
+    logits = apply_min_p(logits, params.min_p)  # after temperature, before top-k/top-p, as vLLM V1
     logits = apply_top_k(logits, params.top_k)
     return apply_top_p(logits, params.top_p)
 

@@ -27,8 +27,10 @@ def visible(text: str) -> str:
 def describe(params: SamplingParams) -> str:
     """A short label such as 'T=0.7, top_p=0.9' (only the settings that are on)."""
     parts = ["greedy (T=0)" if params.greedy else f"T={params.temperature:g}"]
-    if params.top_k != -1:
+    if params.top_k > 0:
         parts.append(f"top_k={params.top_k}")
+    if params.min_p > 0:
+        parts.append(f"min_p={params.min_p:g}")
     if params.top_p < 1:
         parts.append(f"top_p={params.top_p:g}")
     if params.repetition_penalty != 1:
@@ -98,7 +100,7 @@ def distribution_widget(logits: torch.Tensor, tokenizer, top: int = 12, temperat
     """Sliders for temperature, top-k and top-p over one row of logits, and the
     resulting next-token distribution. Nothing is re-run through the model when
     a slider moves: only the processors and the softmax, which take microseconds.
-    top_k = 0 on the slider means off (SamplingParams spells that -1)."""
+    top_k = 0 on the slider means off, as in SamplingParams and vLLM."""
     import ipywidgets as widgets
 
     style = {"description_width": "110px"}
@@ -111,7 +113,7 @@ def distribution_widget(logits: torch.Tensor, tokenizer, top: int = 12, temperat
     view = widgets.HTML()
 
     def update(_=None):
-        params = SamplingParams(temperature=round(t.value, 4), top_k=k.value or -1, top_p=round(p.value, 4))
+        params = SamplingParams(temperature=round(t.value, 4), top_k=k.value, top_p=round(p.value, 4))
         view.value = distribution_html(logits, tokenizer, params, top, seen)
 
     for slider in (t, k, p):

@@ -1,5 +1,7 @@
 """Lab 3 (sampling): wrong implementations each check must reject, and the
 reference each must accept. Collected by tests/test_labs.py."""
+import math
+
 import torch
 
 from tinyinfer import labcheck, sampling
@@ -7,20 +9,37 @@ from tinyinfer import labcheck, sampling
 INF = float("inf")
 
 
-# --- temperature
+# --- min-p
 
 
-def _temperature_multiplies(logits, t):
-    return logits * t  # sharpens when it should flatten, and the other way round
+def _min_p_absolute(logits, min_p):
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p, -INF)  # an absolute threshold, not relative to the top
 
 
-def _temperature_returns_probs(logits, t):
-    return torch.softmax(logits / t, -1)  # a processor hands on logits, not probabilities
+def _min_p_on_logits(logits, min_p):
+    return logits.masked_fill(logits < min_p * logits.max(), -INF)  # scales the score, not the probability
 
 
-def _temperature_in_place(logits, t):
-    logits /= t  # right numbers, but the caller's tensor is overwritten
+def _min_p_strict(logits, min_p):
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs <= min_p * probs.max(), -INF)  # `<=` drops the top token at min_p = 1
+
+
+def _min_p_returns_probs(logits, min_p):
+    probs = logits.softmax(-1)
+    return probs.masked_fill(probs < min_p * probs.max(), 0.0)  # a processor hands on logits
+
+
+def _min_p_in_place(logits, min_p):
+    probs = logits.softmax(-1)
+    logits[probs < min_p * probs.max()] = -INF  # right numbers, but the caller's tensor is overwritten
     return logits
+
+
+def _min_p_zero_not_inf(logits, min_p):
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), 0.0)  # a score of 0 is not probability 0
 
 
 # --- top-k
@@ -40,6 +59,15 @@ def _top_k_drops_kth(logits, k):
         return logits
     kth = torch.topk(logits, k).values[-1]
     return logits.masked_fill(logits <= kth, -INF)  # `<=` removes the k-th itself
+
+
+def _top_k_zero_keeps_nothing(logits, k):
+    if k == -1 or k >= logits.numel():
+        return logits.clone()
+    if k == 0:
+        return torch.full_like(logits, -INF)  # 0 read as "keep no token"; vLLM reads it as off
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, -INF)
 
 
 def _top_k_zero_not_inf(logits, k):
@@ -131,8 +159,9 @@ def _sample_uniform(logits, t, generator):
 
 
 WRONG = {
-    "check_temperature": [_temperature_multiplies, _temperature_returns_probs, _temperature_in_place],
-    "check_top_k": [_top_k_exactly_k, _top_k_drops_kth, _top_k_zero_not_inf],
+    "check_min_p": [_min_p_absolute, _min_p_on_logits, _min_p_strict, _min_p_returns_probs, _min_p_in_place,
+                    _min_p_zero_not_inf],
+    "check_top_k": [_top_k_exactly_k, _top_k_drops_kth, _top_k_zero_not_inf, _top_k_zero_keeps_nothing],
     "check_top_p": [_top_p_stays_below_p, _top_p_without_softmax, _top_p_forgets_to_unsort],
     "check_repetition_penalty": [_penalty_divides_all, _penalty_once_per_occurrence, _penalty_in_place],
     "check_sample": [_sample_argmax, _sample_ignores_temperature, _sample_multiplies_temperature,
@@ -143,8 +172,16 @@ WRONG = {
 # --- correct implementations written here, independently of the engine's sampling.py
 
 
-def _temperature(logits, t):
-    return torch.div(logits, t)
+def _min_p(logits, min_p):
+    # Token by token, in plain Python: probability against min_p times the largest.
+    values = logits.tolist()
+    top = max(values)
+    probs = [math.exp(v - top) for v in values]  # over a common denominator, which cancels
+    out = logits.clone()
+    for i, p in enumerate(probs):
+        if p < min_p * 1.0:  # the top token's own term is exp(0) = 1
+            out[i] = -INF
+    return out
 
 
 def _top_k(logits, k):
@@ -195,19 +232,23 @@ def _engine_draw(logits, t, generator):  # writes the greedy branch, borrows the
     return sampling.draw(torch.softmax(logits / t, -1), generator)
 
 
+def _engine_min_p(logits, min_p):
+    return sampling.process_logits(logits, sampling.SamplingParams(temperature=1.0, min_p=min_p))
+
+
 def _engine_top_p(logits, p):
     return sampling.process_logits(logits, sampling.SamplingParams(temperature=1.0, top_p=p))
 
 
 REFERENCE = {
-    "check_temperature": lambda: _temperature,
+    "check_min_p": lambda: _min_p,
     "check_top_k": lambda: _top_k,
     "check_top_p": lambda: _top_p,
     "check_repetition_penalty": lambda: _repetition_penalty,
     "check_sample": lambda: _sample_inverse_cdf,
 }
 ANSWERS = {
-    "check_temperature": [sampling.apply_temperature],
+    "check_min_p": [sampling.apply_min_p, _engine_min_p],
     "check_top_k": [sampling.apply_top_k],
     "check_top_p": [sampling.apply_top_p, _engine_top_p],
     "check_repetition_penalty": [sampling.apply_repetition_penalty],

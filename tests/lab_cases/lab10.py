@@ -7,7 +7,7 @@ implementation calls the engine's parse_tool_call, which the first check refuses
 import json
 import re
 
-from tinyinfer import context, cost, labcheck, tools
+from tinyinfer import context, labcheck, tools
 from tinyinfer.context import STOPWORDS
 from tinyinfer.tools import AgentResult, ToolCall
 
@@ -176,36 +176,63 @@ WRONG_SELECTORS = [
     lambda c, q, b, n: _select(c, q, b, n, tie="later"),  # ties go to the later chunk
 ]
 
-# ------------------------------------------------------------ token_costs
+# ------------------------------------------------------------ cheapest_option
 
 
-def _costs(steps, price, *, mixed=False, mean_rate=False, per_hour=False, per_token=False, zero=False, swap=False):
-    per_second = price if per_hour else price / 3600
-    out = {}
-    for kind, mine, other in (("input", "num_prefill_tokens", "num_decode_tokens"),
-                              ("output", "num_decode_tokens", "num_prefill_tokens")):
-        pure = [s for s in steps if s[mine] > 0 and (mixed or s[other] == 0)]
-        if not pure:
-            rate = 0.0 if zero else None
-        elif mean_rate:
-            rate = sum(s[mine] / s["step_time_s"] for s in pure) / len(pure)
+def _seconds_per_token(steps, mine, other, *, mixed=False, mean_rate=False):
+    """Seconds one token of a kind takes, from the steps that timed it; None if none did."""
+    timed = [s for s in steps if s[mine] > 0 and (mixed or s[other] == 0)]
+    if not timed:
+        return None
+    if mean_rate:
+        return 1 / (sum(s[mine] / s["step_time_s"] for s in timed) / len(timed))
+    return sum(s["step_time_s"] for s in timed) / sum(s[mine] for s in timed)
+
+
+def _cheapest(options, input_tokens, output_tokens, *, mixed=False, mean_rate=False, per_hour=False,
+              per_token_list=False, rank="cost", missing="none", tie="first", strict_missing=False):
+    """A correct choice with every default; each wrong one below changes one decision."""
+    costs, per_million = {}, {}
+    for name, o in options.items():
+        if "steps" in o:
+            per_second = o["price_per_hour"] if per_hour else o["price_per_hour"] / 3600
+            s_in = _seconds_per_token(o["steps"], "num_prefill_tokens", "num_decode_tokens", mixed=mixed,
+                                      mean_rate=mean_rate)
+            s_out = _seconds_per_token(o["steps"], "num_decode_tokens", "num_prefill_tokens", mixed=mixed,
+                                       mean_rate=mean_rate)
+            prices = [None if s is None else per_second * s for s in (s_in, s_out)]  # dollars per token
         else:
-            rate = sum(s[mine] for s in pure) / sum(s["step_time_s"] for s in pure)
-        out[f"{kind}_tokens_per_s"] = rate
-        scale = 1 if per_token else 1e6
-        out[f"{kind}_per_million"] = per_second / rate * scale if rate else (0.0 if zero else None)
-    if swap:
-        out["input_per_million"], out["output_per_million"] = out["output_per_million"], out["input_per_million"]
-    return out
+            scale = 1 if per_token_list else 1e6
+            prices = [o["input_per_million"] / scale, o["output_per_million"] / scale]
+        per_million[name] = sum(p * 1e6 for p in prices if p is not None)
+        total = 0.0
+        for tokens, price in zip((input_tokens, output_tokens), prices):
+            if price is None and (tokens or strict_missing):
+                if missing == "free":
+                    continue
+                total = None
+                break
+            total += tokens * price if price is not None else 0.0
+        costs[name] = total
+    names = [n for n in costs if costs[n] is not None]
+    if not names:
+        return None, costs
+    key = {"cost": lambda n: costs[n], "per_million": lambda n: per_million[n]}[rank]
+    ordered = names if tie == "first" else names[::-1]
+    return min(ordered, key=key), costs
 
 
-WRONG_COSTS = [
-    lambda s, p: _costs(s, p, mixed=True),  # counts a mixed step's whole time for both kinds
-    lambda s, p: _costs(s, p, mean_rate=True),  # the mean of per-step rates
-    lambda s, p: _costs(s, p, per_hour=True),  # forgets that the price is per hour
-    lambda s, p: _costs(s, p, per_token=True),  # dollars per token, not per million
-    lambda s, p: _costs(s, p, zero=True),  # 0 instead of None when nothing was measured
-    lambda s, p: _costs(s, p, swap=True),  # input and output swapped
+WRONG_CHOICES = [
+    lambda o, i, n: _cheapest(o, i, n, mixed=True),  # times a mixed step's whole seconds for both kinds
+    lambda o, i, n: _cheapest(o, i, n, mean_rate=True),  # the mean of per-step rates
+    lambda o, i, n: _cheapest(o, i, n, per_hour=True),  # forgets that the price is per hour
+    lambda o, i, n: _cheapest(o, i, n, per_token_list=True),  # reads a price list as dollars per token
+    lambda o, i, n: _cheapest(o, i, n, rank="per_million"),  # ranks by list prices, not by this workload's mix
+    lambda o, i, n: _cheapest(o, i, n, missing="free"),  # a kind the log never timed is treated as free
+    lambda o, i, n: _cheapest(o, i, n, strict_missing=True),  # refuses a log that lacks a kind the workload needs not
+    lambda o, i, n: _cheapest(o, i, n, tie="last"),  # a tie goes to the option listed last
+    lambda o, i, n: (lambda r: (r[0] if r[0] is not None else next(iter(o)), r[1]))(_cheapest(o, i, n)),
+    # ^ picks the first option when none can be priced, instead of None
 ]
 
 WRONG = {
@@ -213,18 +240,18 @@ WRONG = {
                               _arguments_none],
     "check_run_agent": WRONG_AGENTS,
     "check_select_context": WRONG_SELECTORS,
-    "check_token_costs": WRONG_COSTS,
+    "check_cheapest_option": WRONG_CHOICES,
 }
 # Correct implementations, written here: each helper above with its defaults.
 REFERENCE = {
     "check_parse_tool_call": lambda: _parse,
     "check_run_agent": lambda: _loop,
     "check_select_context": lambda: _select,
-    "check_token_costs": lambda: _costs,
+    "check_cheapest_option": lambda: _cheapest,
 }
 ANSWERS = {
     "check_parse_tool_call": [labcheck.reference_parse_tool_call, tools.parse_tool_call],
     "check_run_agent": [labcheck.reference_run_agent, tools.run_agent],
     "check_select_context": [labcheck.reference_select_context, context.select_context],
-    "check_token_costs": [labcheck.reference_token_costs, cost.token_costs],
+    "check_cheapest_option": [labcheck.reference_cheapest_option],
 }

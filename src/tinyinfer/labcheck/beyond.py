@@ -1,5 +1,5 @@
 """Lab 10 (beyond one reply): checks for reading a tool call, the agent loop,
-a context selector, and cost per token from a step log.
+a context selector, and the cheaper way to serve a workload, from a step log.
 
 Every expected value here is written out by hand (or, for the agent loop,
 assembled from each case's script), never computed by the function under test
@@ -34,9 +34,23 @@ def reference_select_context(chunks, question, budget_tokens, count_tokens):
     return context.select_context(chunks, question, budget_tokens, count_tokens)
 
 
-def reference_token_costs(steps, price_per_hour):
-    """The course's answer to lab 10's token_costs exercise."""
-    return cost.token_costs(steps, price_per_hour)
+def reference_cheapest_option(options, input_tokens, output_tokens):
+    """The course's answer to lab 10's cheapest_option exercise: each option's
+    dollars for the workload (a machine's from its step log, through the
+    engine's cost.token_costs; a price list's directly), and the cheapest."""
+    costs = {}
+    for name, option in options.items():
+        prices = cost.token_costs(option["steps"], option["price_per_hour"]) if "steps" in option else option
+        dollars = 0.0
+        for tokens, price in ((input_tokens, prices["input_per_million"]),
+                              (output_tokens, prices["output_per_million"])):
+            if tokens and price is None:  # the log never timed this kind of token
+                dollars = None
+                break
+            dollars += tokens / 1e6 * price if tokens else 0.0
+        costs[name] = dollars
+    priced = [name for name in costs if costs[name] is not None]
+    return (min(priced, key=lambda name: costs[name]) if priced else None), costs  # min keeps the first of a tie
 
 
 # ---------------------------------------------------------------- exercise 1: parse a tool call
@@ -253,35 +267,67 @@ def check_select_context(fn) -> bool:
                      forbidden=(reference_select_context, context.select_context))
 
 
-# ---------------------------------------------------------------- exercise 4: cost per token
+# ---------------------------------------------------------------- exercise 4: the cheaper way to serve
 
 
 def _steps(*rows) -> list[dict]:
     return [{"num_prefill_tokens": p, "num_decode_tokens": d, "step_time_s": s} for p, d, s in rows]
 
 
-# steps, price per hour, expected (input tok/s, output tok/s, $ per M input, $ per M output), what.
-# Worked by hand: $/s = price / 3600; tok/s = total tokens / total seconds of the pure steps;
-# $ per million = $/s / tok/s * 1e6.
-_COST_CASES = [
-    (_steps((1024, 0, 2.0), *[(0, 8, 0.25)] * 15), 3.6, (512.0, 32.0, 1.953125, 31.25),
-     "one prefill step of 1,024 tokens in 2 s, then 15 decode steps of a batch of 8 at 0.25 s; $3.60 an hour"),
-    (_steps((256, 0, 0.5), (200, 4, 0.6), (0, 4, 0.1), (0, 4, 0.1)), 1.8, (512.0, 40.0, 0.9765625, 12.5),
-     "a mixed step (200 prefill + 4 decode tokens) counts for neither"),
-    (_steps((100, 0, 1.0), (300, 0, 0.5), (0, 1, 0.05), (0, 9, 0.15)), 36.0, (400 / 1.5, 50.0, 37.5, 200.0),
-     "steps of different sizes: total tokens over total time, not the mean of per-step rates"),
-    (_steps((0, 0, 0.01), (0, 2, 0.1)), 7.2, (None, 20.0, None, 100.0),
-     "no prefill step at all: None for input; an empty step counts for nothing"),
-    (_steps((50, 0, 0.1), (0, 1, 0.02)), 0.0, (500.0, 50.0, 0.0, 0.0), "a free machine: every token costs $0"),
+def _machine(price_per_hour: float, *rows) -> dict:
+    """A machine you rent by the hour and run yourself, with its engine's step log."""
+    return {"steps": _steps(*rows), "price_per_hour": price_per_hour}
+
+
+def _price_list(input_per_million: float, output_per_million: float) -> dict:
+    """A provider's price list: dollars per million input and output tokens."""
+    return {"input_per_million": input_per_million, "output_per_million": output_per_million}
+
+
+# Worked by hand. A machine at P dollars an hour costs P / 3600 a second. Its
+# step log times each kind of token on the steps that did only that kind (a mixed
+# step's seconds cannot be split between its two kinds), weighing each step by
+# its length: seconds per input token = the prefill steps' seconds / their tokens.
+# A workload of I input and O output tokens then costs
+# P / 3600 * (I * s_in + O * s_out); on a price list, I / 1e6 * in + O / 1e6 * out.
+_CHIP = _machine(3.6, (1024, 0, 2.0), *[(0, 8, 0.25)] * 15)  # $0.001 a second; 2/1024 s per input, 1/32 s per output
+_API = _price_list(2.5, 25.0)
+_MIXED = _machine(1.8, (256, 0, 0.5), (200, 4, 0.6), (0, 4, 0.1), (0, 4, 0.1))  # 0.5/256 s and 0.2/8 s per token
+_UNEVEN = _machine(36.0, (100, 0, 1.0), (300, 0, 0.5), (0, 1, 0.05), (0, 9, 0.15))  # 1.5/400 s and 0.2/10 s
+_NO_PREFILL = _machine(7.2, (0, 0, 0.01), (0, 2, 0.1))  # no prefill step at all; 0.05 s per output token
+_FREE = _machine(0.0, (50, 0, 0.1), (0, 1, 0.02))
+
+# options, input tokens, output tokens, the expected (choice, {option: dollars or None}), what.
+_CHOICE_CASES = [
+    ({"machine": _CHIP, "api": _API}, 100_000, 1_000, ("machine", {"machine": 0.2265625, "api": 0.275}),
+     "an input-heavy workload (a long document, a short summary): the machine's cheap prefill wins"),
+    ({"machine": _CHIP, "api": _API}, 1_000, 10_000, ("api", {"machine": 0.314453125, "api": 0.2525}),
+     "the same two options, an output-heavy workload: now the price list wins (the answer flips with the mix)"),
+    ({"machine": _MIXED, "api": _price_list(1.0, 30.0)}, 2_560, 80, ("machine", {"machine": 0.0035, "api": 0.00496}),
+     "the log holds a mixed step (200 prefill + 4 decode tokens in 0.6 s): it times neither kind"),
+    ({"machine": _UNEVEN}, 400, 10, ("machine", {"machine": 0.017}),
+     "steps of different lengths: 1.5 s for 400 input tokens, not the mean of the two steps' rates"),
+    ({"no prefill": _NO_PREFILL, "api": _price_list(1.0, 100.0)}, 100, 10, ("api", {"no prefill": None, "api": 0.0011}),
+     "a log with no prefill step cannot price input tokens: None, and never the choice"),
+    ({"no prefill": _NO_PREFILL}, 0, 10, ("no prefill", {"no prefill": 0.001}),
+     "the same log, a workload with no input tokens: it needs no input price (the empty step counts for nothing)"),
+    ({"no prefill": _NO_PREFILL}, 5, 5, (None, {"no prefill": None}), "no option can price the workload: None"),
+    ({"free": _FREE, "api": _price_list(0.1, 0.4)}, 1_000, 100, ("free", {"free": 0.0, "api": 0.00014}),
+     "a machine that costs nothing an hour: every workload costs $0 on it"),
+    ({"first": _price_list(1.0, 4.0), "second": _price_list(1.0, 4.0)}, 500, 500,
+     ("first", {"first": 0.0025, "second": 0.0025}), "two identical price lists: a tie goes to the option listed first"),
 ]
-_COST_KEYS = ("input_tokens_per_s", "output_tokens_per_s", "input_per_million", "output_per_million")
 
 
-def _same_costs(got, want) -> bool:
-    if not isinstance(got, dict):
+def _same_choice(got, want) -> bool:
+    try:
+        name, costs = got
+    except (TypeError, ValueError):
         return False
-    for key, value in want.items():
-        g = got.get(key, "<missing>")
+    if name != want[0] or not isinstance(costs, dict) or set(costs) != set(want[1]):
+        return False
+    for option, value in want[1].items():
+        g = costs[option]
         if value is None:
             if g is not None:
                 return False
@@ -291,19 +337,32 @@ def _same_costs(got, want) -> bool:
     return True
 
 
-def check_token_costs(fn) -> bool:
-    """fn(steps, price_per_hour) -> {input_tokens_per_s, output_tokens_per_s,
-    input_per_million, output_per_million}."""
+def _describe(options: dict) -> str:
+    def one(o):
+        if "steps" in o:
+            rows = [(s["num_prefill_tokens"], s["num_decode_tokens"], s["step_time_s"]) for s in o["steps"]]
+            shown = rows if len(rows) <= 4 else rows[:2] + [f"... {len(rows) - 2} more like the last"]
+            return f"${o['price_per_hour']}/h, steps (prefill, decode, s) {shown}"
+        return f"price list ${o['input_per_million']}/M in, ${o['output_per_million']}/M out"
+    return "; ".join(f"{name!r}: {one(o)}" for name, o in options.items())
+
+
+def check_cheapest_option(fn) -> bool:
+    """fn(options, input_tokens, output_tokens) -> (name of the cheapest option or None,
+    {option: dollars for the workload, or None where the option cannot price it})."""
     def cases():
-        return [Case(([dict(s) for s in steps], price), dict(zip(_COST_KEYS, want)),
-                     f"price_per_hour={price}, {len(steps)} steps: {note}")
-                for steps, price, want, note in _COST_CASES]
-    return run_check("token_costs", fn, cases, same=_same_costs, forbidden=(reference_token_costs, cost.token_costs))
+        return [Case(({name: {k: ([dict(s) for s in v] if k == "steps" else v) for k, v in o.items()}
+                       for name, o in options.items()}, i, o_), want,
+                     f"input_tokens={i:,}, output_tokens={o_:,}, options: {_describe(options)}  ({note})")
+                for options, i, o_, want, note in _CHOICE_CASES]
+    return run_check("cheapest_option", fn, cases, same=_same_choice,
+                     forbidden=(reference_cheapest_option, cost.token_costs))
 
 
 LAB = Lab(10, "beyond one reply",
-          exports=("check_parse_tool_call", "check_run_agent", "check_select_context", "check_token_costs",
+          exports=("check_parse_tool_call", "check_run_agent", "check_select_context", "check_cheapest_option",
                    "reference_parse_tool_call", "reference_run_agent", "reference_select_context",
-                   "reference_token_costs"),
+                   "reference_cheapest_option"),
           fallbacks={"check_parse_tool_call": reference_parse_tool_call, "check_run_agent": reference_run_agent,
-                     "check_select_context": reference_select_context, "check_token_costs": reference_token_costs})
+                     "check_select_context": reference_select_context,
+                     "check_cheapest_option": reference_cheapest_option})

@@ -101,3 +101,4 @@ def _safe_same(same, got, expected) -> bool:
 def _short(value) -> str:
     text = str(value) if isinstance(value, BaseException) else repr(value)
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 5] + " ...]"
+

@@ -1,4 +1,5 @@
-"""Lab 3 (sampling): checks for the four logits processors and the sampler.
+"""Lab 3 (sampling): checks for the four logits processors the lab asks for
+(min-p, top-k, top-p, repetition penalty) and the sampler.
 
 The processors are compared exactly with tinyinfer.sampling, on small logits
 made by hand to hit the edge cases: ties, all-equal scores, negative scores,
@@ -13,6 +14,7 @@ ignores the temperature or always takes the top token fails it by a mile.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -108,32 +110,52 @@ def _engine(*names: str) -> tuple:
     return tuple(getattr(engine, name) for name in names + ("process_logits", "processed_probs"))
 
 
-# ---------------------------------------------------------------- temperature
+# ---------------------------------------------------------------------- min-p
 
-TEMPERATURE_CASES = [
-    ([2.0, 1.0, 0.5, -1.0], 1.0),
-    ([2.0, 1.0, 0.5, -1.0], 0.5),
-    ([2.0, 1.0, 0.5, -1.0], 2.0),
-    ([3.0, 3.0, 3.0], 0.7),  # all equal: still all equal
-    ([-4.0, -2.5, -9.0], 0.25),  # negative scores move further down
-    ([1.5, -INF, 0.5, -INF], 0.8),  # a token another processor removed stays removed
+# (logits, min_p, why the case exists). No score sits within rounding of its
+# threshold, so working in probabilities or in logits gives the same answer.
+MIN_P_CASES = [
+    ([2.0, 1.0, 0.0, -1.0], 0.3, "relative to the top: e^-1 = 0.37 of it stays, e^-2 = 0.14 does not"),
+    ([2.0, 1.0, 0.0, -1.0], 0.1, "a smaller min_p keeps more"),
+    ([0.0, 2.0, -1.0, 1.0], 0.3, "the same scores, not sorted"),
+    ([-3.0, -1.0, -2.0, -5.0], 0.2, "negative scores"),
+    ([0.5, 0.3, 0.15, 0.05], 0.4, "log-probabilities: 0.4 x 0.5 = 0.2, so 0.3 stays; the threshold is relative, "
+                                  "not an absolute probability"),
+    ([2.0, 2.0, 0.0], 1.0, "min_p = 1: the top token and every token tied with it"),
+    ([3.0, 3.0, 3.0], 0.9, "all equal: all stay"),
+    ([1.0, -INF, 0.5, -INF], 0.5, "-inf: already removed, stays removed"),
+    ([5.0, -20.0, 4.0, -60.0], 0.0, "min_p = 0 switches it off"),
 ]
 
 
-def _temperature_cases() -> list[Case]:
+def _real_sized_row(min_p: float) -> torch.Tensor:
+    """1,000 random scores, nudged so that none sits within 1e-3 of the cut."""
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 3
+    threshold = float(logits.max()) + math.log(min_p)
+    near = (logits - threshold).abs() < 1e-3
+    return torch.where(near, logits + 0.01, logits)
+
+
+def _min_p_cases() -> list[Case]:
     cases = []
-    for values, t in TEMPERATURE_CASES:
-        logits = _t(values)
-        cases.append(Case((lambda f, x=logits, t=t: _call_on_copy(f, x, t),), engine.apply_temperature(logits, t),
-                          f"logits={values}, temperature={t}"))
+    for values, min_p, why in MIN_P_CASES:
+        logits = _log(values) if "log-probabilities" in why else _t(values)
+        shown = f"log({values})" if "log-probabilities" in why else str(values)
+        cases.append(Case((lambda f, x=logits, m=min_p: _call_on_copy(f, x, m),), engine.apply_min_p(logits, min_p),
+                          f"logits={shown}, min_p={min_p}  ({why})"))
+    for min_p in (0.05, 0.2):
+        logits = _real_sized_row(min_p)
+        cases.append(Case((lambda f, x=logits, m=min_p: _call_on_copy(f, x, m),), engine.apply_min_p(logits, min_p),
+                          f"1,000 random scores, min_p={min_p}"))
     return cases
 
 
-def check_temperature(fn) -> bool:
-    """fn(logits, temperature) -> logits divided by the temperature, against
-    tinyinfer.sampling.apply_temperature. The input must not be modified."""
-    return run_check("temperature", lambda probe: probe(fn), _temperature_cases, same=_same_logits,
-                     forbidden=_engine("apply_temperature"))
+def check_min_p(fn) -> bool:
+    """fn(logits, min_p) -> logits with -inf for every token whose probability
+    is below min_p times the most likely token's (min_p = 0: off), against
+    tinyinfer.sampling.apply_min_p. The input must not be modified."""
+    return run_check("min_p", lambda probe: probe(fn), _min_p_cases, same=_same_logits,
+                     forbidden=_engine("apply_min_p"))
 
 
 # ---------------------------------------------------------------------- top-k
@@ -148,6 +170,7 @@ TOP_K_CASES = [
     ([1.0, 4.0, 2.0, 3.0], 4, "  (k = vocabulary size: nothing to cut)"),
     ([1.0, 4.0, 2.0, 3.0], 10, "  (k > vocabulary size)"),
     ([1.0, 4.0, 2.0, 3.0], -1, "  (k = -1 switches top-k off)"),
+    ([1.0, 4.0, 2.0, 3.0], 0, "  (k = 0 switches it off too, as in vLLM)"),
 ]
 
 
@@ -162,7 +185,7 @@ def _top_k_cases() -> list[Case]:
 
 def check_top_k(fn) -> bool:
     """fn(logits, k) -> logits with every score below the k-th highest set to
-    -inf (ties with the k-th are kept; k = -1 means off), against
+    -inf (ties with the k-th are kept; k = -1 or 0 means off), against
     tinyinfer.sampling.apply_top_k."""
     return run_check("top_k", lambda probe: probe(fn), _top_k_cases, same=_same_logits,
                      forbidden=_engine("apply_top_k"))
@@ -360,9 +383,9 @@ def check_sample(fn) -> bool:
 
 
 LAB = Lab(3, "sampling",
-          exports=("check_temperature", "check_top_k", "check_top_p", "check_repetition_penalty", "check_sample",
+          exports=("check_min_p", "check_top_k", "check_top_p", "check_repetition_penalty", "check_sample",
                    "reference_sample"),
           pieces={"sample": "reference_sample"},
-          fallbacks={"check_temperature": engine.apply_temperature, "check_top_k": engine.apply_top_k,
+          fallbacks={"check_min_p": engine.apply_min_p, "check_top_k": engine.apply_top_k,
                      "check_top_p": engine.apply_top_p, "check_repetition_penalty": engine.apply_repetition_penalty,
                      "check_sample": reference_sample})

@@ -1,14 +1,11 @@
-"""Lab 1 (tokens): checks for the BPE piece encoder, token counting and
-comparing tokenizers."""
+"""Lab 1 (tokens): checks for the BPE piece encoder and one training step of BPE."""
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
-
 import regex
 
 from .. import bpe
-from ..tokenizer import TiktokenTokenizer, get_tiktoken_encoding
+from ..tokenizer import get_tiktoken_encoding
 from .core import Case, run_check
 from .registry import Lab
 
@@ -78,92 +75,99 @@ def check_bpe_encode_piece(encode_piece) -> bool:
                      forbidden=_bpe_answers(), keep=("encode_piece", encode_piece))
 
 
-class _CharTokenizer:
-    """One token per character: a stand-in that catches a counter which
-    ignores the tokenizer it is given."""
+# ------------------------------------------------- one training step of BPE
 
-    def encode(self, text: str) -> list[int]:
-        return [ord(ch) for ch in text]
+def _w(*parts: str) -> tuple[bytes, ...]:
+    return tuple(part.encode("utf-8") for part in parts)
 
 
-class _WordTokenizer:
-    """One token per whitespace-separated word."""
-
-    def encode(self, text: str) -> list[int]:
-        return [len(word) for word in text.split()]
+def _chars(word: str) -> tuple[bytes, ...]:
+    return tuple(bytes([b]) for b in word.encode("utf-8"))
 
 
-def _tokenizers() -> dict[str, Any]:
-    return {"cl100k": TiktokenTokenizer("cl100k_base"), "chars": _CharTokenizer(), "words": _WordTokenizer()}
+# (word table, why the case exists). Each table is consistent: every word is
+# split the way the same merges would split it, as in real training.
+SENNRICH = {_chars("low"): 5, _chars("lower"): 2, _chars("newest"): 6, _chars("widest"): 3}
+MERGE_CASES = [
+    (SENNRICH, "Sennrich et al.'s example: (e, s) and (s, t) both occur 9 times; the tie goes to the "
+               "smaller pair in byte order"),
+    ({_chars("ab"): 1, _chars("cd"): 3}, "a pair counts once per occurrence of its word: (c, d) 3 times, (a, b) once"),
+    ({_chars("xy"): 2, _chars("ab"): 2}, "a tie: the smaller pair in byte order wins, not the one seen first"),
+    ({_chars("ac"): 1, _chars("ab"): 1}, "a tie on the first part: the second part decides"),
+    ({_chars("aaa"): 1}, "left to right, no overlaps: (a, a, a) becomes (aa, a)"),
+    ({_chars("aaaa"): 1}, "(a, a, a, a) becomes (aa, aa)"),
+    ({_chars("zzz"): 1, _chars("ab"): 1}, "zzz holds (z, z) at two positions: it counts twice and beats (a, b)"),
+    ({_chars("abcab"): 2}, "the pair twice in one word: both are merged"),
+    ({_w(" th", "e"): 4, _w(" th", "en"): 2, _w("en", "d"): 3}, "parts of several bytes, and a word that "
+                                                                "becomes one part"),
+    ({_w(" the"): 4, _w("end"): 3, _chars("a"): 1}, "no word has two parts left: nothing to merge"),
+    ({}, "an empty table"),
+]
+# Real text: the course's corpus as training sees it, after 0, 5 and 40 steps.
+MERGE_TEXT = " ".join(BPE_CORPUS[:6])
 
 
-# text -> its token count under (cl100k, chars, words). cl100k's counts are
-# tiktoken's, written out (tests/test_labs.py recomputes them); the other two
-# are the characters and the whitespace-separated words, counted by hand.
-COUNTS = {
-    "": (0, 0, 0),
-    "Hello, world!": (4, 13, 2),
-    "  two  spaces  ": (5, 15, 2),
-    "antidisestablishmentarianism": (6, 28, 1),
-    "x = [1, 2, 3]\n": (11, 14, 5),
-    "日本語のテキスト": (8, 8, 1),
-}
-COUNT_TEXTS = list(COUNTS)
+class _Merge:
+    """What a merge step returned, compared as (pair, table) with the table's
+    order ignored; shown small enough to read."""
+
+    def __init__(self, pair, words):
+        self.pair, self.words = pair, words
+
+    def __eq__(self, other):
+        return isinstance(other, _Merge) and self.pair == other.pair and self.words == other.words
+
+    def __repr__(self):
+        words = self.words
+        if isinstance(words, dict) and len(words) > 6:
+            return f"(pair {self.pair!r}, a table of {len(words)} words)"
+        return f"(pair {self.pair!r}, {words!r})"
 
 
-def reference_count_tokens(text: str, tokenizer) -> int:
-    """The course's answer to lab 1's count_tokens exercise."""
-    return len(tokenizer.encode(text))
+class _Changed:
+    def __repr__(self):
+        return "<the table you were given was changed: return a new one and leave the argument alone>"
 
 
-def reference_compare_tokenizers(texts: dict[str, str], tokenizers: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """The course's answer to lab 1's compare_tokenizers exercise."""
-    return {
-        text_name: {tok_name: reference_count_tokens(text, tok) for tok_name, tok in tokenizers.items()}
-        for text_name, text in texts.items()
-    }
+def _merge_probe(words: dict):
+    def probe(fn):
+        given = {word: count for word, count in words.items()}
+        out = fn(given)
+        if given != words:
+            return _Changed()
+        if not (isinstance(out, tuple) and len(out) == 2):
+            return f"not a (pair, table) tuple: {out!r}"[:200]
+        pair, table = out
+        return _Merge(pair, dict(table) if isinstance(table, dict) else table)
+    return probe
 
 
-def _count_cases() -> list[Case]:
+def _merge_cases() -> list[Case]:
     cases = []
-    for k, (name, tok) in enumerate(_tokenizers().items()):
-        for text, counts in COUNTS.items():
-            cases.append(Case((text, tok), counts[k], f"text={text!r}, tokenizer={name}"))
+    for words, why in MERGE_CASES:
+        pair, table = bpe.merge_step(words)
+        cases.append(Case((_merge_probe(words),), _Merge(pair, table), f"words={words}  ({why})"))
+    words = bpe.word_counts(MERGE_TEXT)
+    for step in range(41):
+        if step in (0, 5, 40):
+            pair, table = bpe.merge_step(words)
+            cases.append(Case((_merge_probe(words),), _Merge(pair, table),
+                              f"the lab's corpus ({len(words)} distinct pieces) after {step} merges"))
+        words = bpe.merge_step(words)[1]
     return cases
 
 
-def check_count_tokens(count_tokens) -> bool:
-    """count_tokens(text, tokenizer) -> int."""
-    return run_check("count_tokens", count_tokens, _count_cases, forbidden=(reference_count_tokens,))
-
-
-# The compare check's texts, with their counts under (cl100k, chars, words), as above.
-COMPARE_TEXTS = {"greeting": ("Hello, world!", (4, 13, 2)),
-                 "code": ("for i in range(10):\n    print(i)", (11, 32, 5)),
-                 "empty": ("", (0, 0, 0))}
-
-
-def _compare_cases() -> list[Case]:
-    toks = _tokenizers()
-    texts = {name: text for name, (text, _) in COMPARE_TEXTS.items()}
-    table = {name: dict(zip(toks, counts)) for name, (_, counts) in COMPARE_TEXTS.items()}
-    one = {"chars": toks["chars"]}
-    return [
-        Case((texts, toks), table, f"texts={texts}, tokenizers={list(toks)}"),
-        Case(({"x": "abc"}, one), {"x": {"chars": 3}}, "texts={'x': 'abc'}, tokenizers=['chars']"),
-    ]
-
-
-def check_compare_tokenizers(compare_tokenizers) -> bool:
-    """compare_tokenizers(texts: {name: text}, tokenizers: {name: tokenizer})
-    -> {text name: {tokenizer name: token count}}."""
-    return run_check("compare_tokenizers", compare_tokenizers, _compare_cases,
-                     forbidden=(reference_compare_tokenizers, reference_count_tokens))
+def check_bpe_merge_step(merge_step) -> bool:
+    """merge_step(words: {tuple of parts: count}) -> (the pair merged, the new
+    table), or (None, the same table) when nothing is left to merge: count every
+    adjacent pair weighted by its word's count, take the most frequent (ties:
+    the smallest pair in byte order), merge it everywhere, left to right.
+    Against tinyinfer.bpe.merge_step, on hand-made tables and real text."""
+    return run_check("bpe_merge_step", lambda probe: probe(merge_step), _merge_cases,
+                     forbidden=(bpe.merge_step, bpe.count_pairs, bpe.best_pair, bpe.merge_pair, bpe.train_bpe))
 
 
 LAB = Lab(1, "tokens",
-          exports=("check_bpe_encode_piece", "check_count_tokens", "check_compare_tokenizers",
-                   "reference_count_tokens", "reference_compare_tokenizers", "_cl100k"),
+          exports=("check_bpe_encode_piece", "check_bpe_merge_step", "_cl100k"),
           pieces={"encode_piece": None},
-          fallbacks={"check_bpe_encode_piece": bpe.bpe_encode_piece, "check_count_tokens": reference_count_tokens,
-                     "check_compare_tokenizers": reference_compare_tokenizers})
+          fallbacks={"check_bpe_encode_piece": bpe.bpe_encode_piece, "check_bpe_merge_step": bpe.merge_step})

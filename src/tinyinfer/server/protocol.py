@@ -1,7 +1,7 @@
 """The OpenAI wire format: request models (validated by pydantic) and the
 JSON shapes of responses and streamed chunks.
 
-Field names follow OpenAI's API; top_k, repetition_penalty, ignore_eos and
+Field names follow OpenAI's API; top_k, min_p, repetition_penalty, ignore_eos and
 stop_token_ids are vLLM's extensions to it. A response is built from the
 engine core's RequestDeltas (messages.py), so this file is where "what the
 engine produced" turns into "what the client reads".
@@ -33,6 +33,7 @@ class _SamplingFields(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -63,6 +64,7 @@ class _SamplingFields(BaseModel):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=-1 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,

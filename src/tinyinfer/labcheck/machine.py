@@ -1,0 +1,87 @@
+"""The machine a lab's timings come from: is it busy, and can it compute bf16?
+
+With other programs on the CPUs, the engine's OpenMP threads wait for each
+other, and a decode step can take ten times as long as on a quiet machine.
+Nothing in a timing says so, and a ratio of two timings taken a few seconds
+apart can come out upside down. So a lab that shows a timing prints
+warn_if_busy() beside it. Two signs, either one enough:
+
+- the load average over the last minute is above the number of cores this
+  process may use: other programs want the CPUs too;
+- the repeats of one measurement disagree: the slowest is more than `spread`
+  times the fastest.
+
+On a quiet machine it prints nothing, so cells that call it are tagged
+nbval-ignore-output, like every timing.
+
+bf16_units() says whether the CPU multiplies bf16 in hardware: without such
+units bf16 saves bytes but not work, and a lab's sentence about bf16 speed
+must say which case the reader's machine is.
+"""
+from __future__ import annotations
+
+import os
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may run on (a container's share)
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows has no load average
+        return None
+
+
+def busy_note(*repeats, spread: float = 1.5, load: float | None = None, cores: int | None = None) -> str:
+    """'' when the machine looks quiet, else one line saying why a timing may be off.
+    repeats: one list per measurement, of the times (any unit) of its repeats;
+    load and cores are read from the machine unless given."""
+    load = _load() if load is None else load
+    cores = _cores() if cores is None else cores
+    signs = []
+    if load is not None and load > cores:
+        signs.append(f"the load average is {load:.1f} on {cores} core{'s' * (cores != 1)}")
+    worst = 1.0
+    for times in repeats:
+        times = [float(t) for t in (times or []) if t is not None and float(t) > 0]
+        if len(times) >= 2:
+            worst = max(worst, max(times) / min(times))
+    if worst > spread:
+        signs.append(f"repeats of one measurement differ {worst:.1f}-fold")
+    if not signs:
+        return ""
+    return ("⚠ busy machine: " + " and ".join(signs) + ". Other programs are sharing the CPUs, so these timings "
+            "and their ratios may be far off; close them and run the cell again.")
+
+
+def warn_if_busy(*repeats, spread: float = 1.5) -> bool:
+    """Print busy_note() if the machine looks busy; return whether it does. Never raises."""
+    try:
+        note = busy_note(*repeats, spread=spread)
+    except Exception:  # a warning must never stop a lab
+        return False
+    if note:
+        print(note)
+    return bool(note)
+
+
+def bf16_units() -> bool | None:
+    """Does this CPU compute bf16 in hardware (AVX-512 BF16 or AMX), as torch
+    will use it? False where it has none, or where ONEDNN_MAX_CPU_ISA caps oneDNN
+    below them (the course's way of imitating an older CPU); None where the CPU's
+    flags cannot be read (not Linux). Without them a bf16 matmul is computed in
+    fp32 arithmetic with conversions on the way in and out: it saves bytes, not work."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if cap and not any(word in cap for word in ("BF16", "AMX", "FP16", "AVX10", "ALL", "DEFAULT")):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
