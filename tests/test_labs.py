@@ -435,12 +435,6 @@ def test_grade_answer_reminds_on_none_and_never_raises(capsys):
 
 MINUTES = re.compile(r"\babout (\d+) minutes\b", re.I)
 MINUTES_PENDING = {  # one lab per line: each is removed when its first page gives its minutes
-    "02-attention",
-    "04-prefill-decode",
-    "05-kv-cache",
-    "07-batching",
-    "08-fleets",
-    "11-your-engine",
 }
 
 
