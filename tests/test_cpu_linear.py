@@ -71,6 +71,17 @@ def test_bf16_without_bf16_units_multiplies_several_rows_in_fp32():
     assert torch.equal(layer(one), F.linear(one, layer.weight))  # decode: bf16 as it was
 
 
+def test_the_fp32_path_converts_a_large_weight_in_blocks_with_the_same_numbers():
+    """upcast_linear converts UPCAST_BLOCK output rows at a time (the LM head
+    converted whole costs page faults, not arithmetic); a short last block too."""
+    rows = cpu_linear.UPCAST_BLOCK * 2 + 37
+    weight = torch.randn(rows, 64).bfloat16()
+    x = torch.randn(5, 64).bfloat16()
+    got = cpu_linear.upcast_linear(x, weight)
+    assert got.shape == (5, rows) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.linear(x.float(), weight.float()).bfloat16())  # bf16 tolerances: a last-bit rounding may differ by CPU
+
+
 @needs_packing
 def test_the_kernel_reads_the_layout_not_the_weight():
     """Proof that the packed path runs: zero the layout's source behind its back."""

@@ -270,11 +270,6 @@ def test_compare_prediction_never_raises(capsys):
 # them. Each is expected to fail the rule below (strict: once a lab passes, it
 # must leave this list, so the list cannot go stale).
 WHY_PENDING = {  # one lab per line: each is removed when its why-questions are written
-    "04-prefill-decode",
-    "05-kv-cache",
-    "07-batching",
-    "08-fleets",
-    "11-your-engine",
 }
 
 
