@@ -11,14 +11,20 @@ missing page, a broken reference, a cell that raises) fails the build.
 Before building, scripts/vendor_js.py installs the site's JavaScript (MathJax,
 require.js, the widget manager) from npm; the site must load nothing from a CDN.
 tests/test_browser.py opens the same build in a browser: the build runs once
-per pytest run (build_book), not once per file.
+per pytest run (build_book), not once per file. When the same run also runs the
+notebooks, tests/test_notebooks.py starts this build in the background beside
+them (start_build, one thread), so that the cores are busy while a notebook
+kernel starts or a server waits; the book tests then wait for it.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -63,28 +69,45 @@ def jupyter_book() -> str:
 
 
 _BUILD: dict[str, object] = {}  # the one build of this pytest run: its folder, or why it failed
+_BUILDER: list[threading.Thread] = []  # the thread that runs it, once started
+_LOCK = threading.Lock()
 
 
-def build_book(tmp_path_factory) -> Path:
+def start_build(threads: str | None = None) -> None:
+    """Start the one build of this pytest run in a background thread (once);
+    threads: OMP_NUM_THREADS for it, when it shares the cores with other work."""
+    with _LOCK:
+        if _BUILDER:
+            return
+        env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
+        out = Path(tempfile.mkdtemp(prefix="tinyinfer-book-"))
+        _BUILDER.append(threading.Thread(target=lambda: _BUILD.update(_build(out, env)), daemon=True,
+                                         name="book build"))
+        _BUILDER[0].start()
+
+
+def build_book(tmp_path_factory=None) -> Path:
     """Vendor the site's JavaScript, then build the book once per pytest run.
 
     Executing every notebook takes minutes, so test_book.py and test_browser.py
     share this build (a failure is remembered too, not retried)."""
-    if not _BUILD:
-        _BUILD.update(_build(tmp_path_factory))
+    start_build()
+    _BUILDER[0].join()
     if "error" in _BUILD:
         pytest.fail(_BUILD["error"], pytrace=False)
     return _BUILD["html"]
 
 
-def _build(tmp_path_factory) -> dict[str, object]:
+def _build(out: Path, env: dict[str, str]) -> dict[str, object]:
     vendor = [sys.executable, str(ROOT / "scripts" / "vendor_js.py")]
     proc = subprocess.run(vendor, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return {"error": f"{' '.join(vendor)}\nexit code {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"}
-    out = tmp_path_factory.mktemp("book")
     cmd = [jupyter_book(), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{' '.join(cmd)}\ntimed out after {BUILD_TIMEOUT_S} s"}
     if proc.returncode != 0:
         return {"error": f"{' '.join(cmd)}\nexit code {proc.returncode}\n{proc.stdout[-20000:]}\n{proc.stderr[-20000:]}"}
     return {"html": out / "_build" / "html"}

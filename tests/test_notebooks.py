@@ -26,7 +26,8 @@ is not arithmetic (starting a kernel, imports, loading the model, a server's
 start-up), and the other stream computes meanwhile. Stored outputs hold on any
 CPU and at any thread count, so one thread changes nothing they compare.
 The streams start when the first notebook test runs, with only the notebooks
-this pytest run selected.
+this pytest run selected. When the run also builds the book (tests/test_book.py),
+its build starts then too, a third stream of one thread.
 """
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ def _stream(jobs: list[tuple[Path, str]], env: dict[str, str]) -> None:
             _RUNS[key].set_exception(e)
 
 
-def start_streams(selected: list[tuple[Path, str]]) -> None:
-    """Start the selected notebooks' streams once: solutions in one, labs in the other."""
+def start_streams(selected: list[tuple[Path, str]], with_book: bool = False) -> None:
+    """Start the selected notebooks' streams once: solutions in one, labs in the
+    other, and the book's build beside them if this run builds it."""
     with _LOCK:
         if _RUNS:
             return
@@ -95,6 +97,10 @@ def start_streams(selected: list[tuple[Path, str]]) -> None:
             for key in jobs:
                 _RUNS[key] = Future()
             threading.Thread(target=_stream, args=(jobs, env), daemon=True, name=f"notebooks {mode}").start()
+        if with_book:
+            from test_book import start_build  # tests/ is on sys.path, as for test_browser's import
+
+            start_build(threads="1")
 
 
 def _selected(session) -> list[tuple[Path, str]]:
@@ -102,10 +108,14 @@ def _selected(session) -> list[tuple[Path, str]]:
             for item in session.items if item.originalname == "test_notebook_runs"]
 
 
+def _builds_book(session) -> bool:
+    return any(item.get_closest_marker("book") for item in session.items)
+
+
 @pytest.mark.notebooks
 @pytest.mark.parametrize("notebook, mode", CASES)
 def test_notebook_runs(notebook: Path, mode: str, request) -> None:
-    start_streams(_selected(request.session))
+    start_streams(_selected(request.session), with_book=_builds_book(request.session))
     proc = _RUNS[(notebook, mode)].result()
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(map(str, proc.args))}\nexit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}",

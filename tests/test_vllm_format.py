@@ -102,9 +102,9 @@ def test_lab8_load_test_runs_against_vllm_format(standin):
     streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in recorded_stream("chat_stream")[:-1]
                        if c["choices"])
     assert "".join(ns["pieces"]) == streamed
-    for c, result in ns["results"].items():
-        assert result.completed == 8 and result.failed == 0, c
-        assert result.total_output_tokens == 8 * 16
+    for c, result in ns["results"].items():  # at least 8 requests, and as many as can be in flight
+        assert result.completed == max(8, c) and result.failed == 0, c
+        assert result.total_output_tokens == max(8, c) * 16
     assert ns["ok_goodput"] is True
 
 

@@ -96,6 +96,50 @@ def _engine_attention(q, k, v):
     return out.view(B, Tq, H, D).transpose(1, 2)
 
 
+def _tiles(q, k, v, tile):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    Tq, Tk = q.shape[2], k.shape[2]
+    for start in range(0, Tk, tile):
+        scores = q @ k[:, :, start : start + tile].transpose(-1, -2) / math.sqrt(q.shape[-1])
+        key_pos = torch.arange(start, start + scores.shape[-1])[None, :]
+        yield scores.masked_fill(key_pos > torch.arange(Tk - Tq, Tk)[:, None], float("-inf")), \
+            v[:, :, start : start + tile]
+
+
+def _tiled(q, k, v, tile, *, rescale=True, subtract_max=True, last_tile=True, causal_tiles="mask"):
+    m = torch.full((*q.shape[:-1], 1), float("-inf"))
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    tiles = list(_tiles(q, k, v, tile))
+    if not last_tile and k.shape[2] % tile:
+        tiles = tiles[:-1]  # range(0, Tk - tile + 1, tile): a short last tile is dropped
+    for scores, vt in tiles:
+        if causal_tiles == "none":  # the mask forgotten inside tiles
+            scores = scores.nan_to_num(neginf=0.0)
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True)) if subtract_max else torch.zeros_like(m)
+        p = (scores - m_new).exp()
+        scale = (m - m_new).exp() if subtract_max else torch.ones_like(m)
+        if not rescale:
+            scale = torch.ones_like(m)  # the old sums kept as if the max had not moved
+        l, acc, m = l * scale + p.sum(-1, keepdim=True), acc * scale + p @ vt, m_new
+    return acc / l
+
+
+def _tiled_softmax_per_tile(q, k, v, tile):
+    # Each tile normalized on its own, and the tiles' outputs averaged: not the softmax of the row.
+    outs = [s.softmax(-1).nan_to_num() @ vt for s, vt in _tiles(q, k, v, tile)]
+    return sum(outs) / len(outs)
+
+
+def _tiled_two_passes(q, k, v, tile):
+    # Correct, and unlike the course's answer: a first pass over the tiles finds
+    # each row's max, a second sums exp(score - max) and the weighted values.
+    tiles = list(_tiles(q, k, v, tile))
+    m = torch.stack([s.amax(-1) for s, _ in tiles]).amax(0)[..., None]
+    total = sum((s - m).exp().sum(-1, keepdim=True) for s, _ in tiles)
+    return sum((s - m).exp() @ vt for s, vt in tiles) / total
+
+
 WRONG = {
     "check_rope": [
         _rope_interleaved,
@@ -113,12 +157,24 @@ WRONG = {
         lambda q, k, v: _attention(q, k, v, align="square-only"),  # no mask unless Tq == Tk: right for Tq = 1 only
     ],
 }
+WRONG["check_tiled_attention"] = [
+    _tiled_softmax_per_tile,  # a softmax per tile, averaged
+    lambda q, k, v, t: _tiled(q, k, v, t, rescale=False),  # old sums not rescaled when the max grows
+    lambda q, k, v, t: _tiled(q, k, v, t, subtract_max=False),  # exp of raw scores: overflows on large ones
+    lambda q, k, v, t: _tiled(q, k, v, t, last_tile=False),  # a short last tile dropped
+    lambda q, k, v, t: _tiled(q, k, v, t, causal_tiles="none"),  # no causal mask inside a tile
+    lambda q, k, v, t: _attention(q, k, v),  # right numbers, but the whole score matrix at once
+]
 REFERENCE = {
     "check_rope": lambda: _rope_by_complex_numbers,
     "check_causal_gqa_attention": lambda: _attention_one_query_at_a_time,
+    "check_tiled_attention": lambda: _tiled_two_passes,
 }
 ANSWERS = {
     "check_rope": [labcheck.reference_rope, _engine_rope, apply_rope],
     "check_causal_gqa_attention": [labcheck.reference_causal_gqa_attention, F.scaled_dot_product_attention,
                                    _engine_attention],
+    "check_tiled_attention": [labcheck.reference_tiled_attention,
+                              lambda q, k, v, t: labcheck.reference_causal_gqa_attention(q, k, v),
+                              lambda q, k, v, t: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)],
 }

@@ -1,13 +1,17 @@
 """Lab 2 (attention): checks for rotary position embeddings (against the
-engine's rope tables) and causal grouped-query attention (against PyTorch's
-fused kernel), on hand-sized and random inputs. Both refuse the course's own
-answers, and keep a passing function for later labs (my_engine.py)."""
+engine's rope tables), causal grouped-query attention and its tiled form with
+an online softmax (both against PyTorch's fused kernel), on hand-sized and
+random inputs. Each refuses the course's own answers; the tiled one also
+refuses code that builds the whole score matrix. The first two keep a passing
+function for later labs (my_engine.py)."""
 from __future__ import annotations
 
 import math
 
 import torch
 import torch.nn.functional as F
+
+from torch.overrides import TorchFunctionMode
 
 from ..config import ModelConfig
 from ..kv_cache import KVCache
@@ -150,7 +154,108 @@ def check_causal_gqa_attention(causal_gqa_attention) -> bool:
                      forbidden=forbidden, keep=("attention", causal_gqa_attention))
 
 
+# ------------------------------------------------------------------ tiled attention (online softmax)
+
+
+def reference_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int) -> torch.Tensor:
+    """The course's answer to lab 2's tiled-attention exercise: keys and values
+    `tile` at a time, with a running max, a running sum and a running output per query."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    Tq, Tk = q.shape[2], k.shape[2]
+    q = q / math.sqrt(q.shape[-1])
+    query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]  # [Tq, 1]
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)  # the largest score so far
+    l = torch.zeros_like(m)  # the sum of exp(score - m) so far
+    acc = torch.zeros_like(q)  # the sum of exp(score - m) * value so far
+    for start in range(0, Tk, tile):
+        kt, vt = k[:, :, start : start + tile], v[:, :, start : start + tile]
+        scores = q @ kt.transpose(-1, -2)  # [B, H, Tq, tile]: one tile of the score matrix
+        key_pos = torch.arange(start, start + kt.shape[2], device=q.device)[None, :]
+        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+        m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))  # finite: key 0 is in the first tile
+        p = (scores - m_new).exp()
+        rescale = (m - m_new).exp()  # what the old sums were measured against, now too small a max
+        l = l * rescale + p.sum(dim=-1, keepdim=True)
+        acc = acc * rescale + p @ vt
+        m = m_new
+    return acc / l
+
+
+class _ScoreMatrixWatch(TorchFunctionMode):
+    """Notes any floating-point tensor a computation makes whose last two
+    dimensions are (Tq, Tk): the whole score matrix (or its softmax), which
+    tiling exists to avoid. (A boolean mask of that shape is not counted.)"""
+
+    def __init__(self, tq: int, tk: int):
+        super().__init__()
+        self.shape, self.seen = (tq, tk), None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (self.seen is None and isinstance(out, torch.Tensor) and out.is_floating_point()
+                and tuple(out.shape[-2:]) == self.shape):
+            self.seen = tuple(out.shape)
+        return out
+
+
+class WholeScoreMatrix:
+    """What the check reports instead of a result when the code built the whole matrix."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def __repr__(self):
+        return (f"a tensor of shape {list(self.shape)} along the way: the whole score matrix, queries x keys. "
+                "Tiled attention must only ever hold one tile of it, [..., Tq, tile]")
+
+
+def _tiled_runner(tiled_attention):
+    def run(q, k, v, tile):
+        Tq, Tk = q.shape[2], k.shape[2]
+        with _ScoreMatrixWatch(Tq, Tk) as spy:
+            out = tiled_attention(q, k, v, tile)
+        return WholeScoreMatrix(spy.seen) if spy.seen and tile < Tk else out
+    return run
+
+
+def _tiled_cases() -> list[Case]:
+    shapes = [  # (B, H, Hkv, Tq, Tk, D, tile, scale of q, what the case is for)
+        (1, 1, 1, 3, 3, 2, 1, 1.0, "one head, T=3, tiles of 1 key"),
+        (1, 2, 1, 5, 12, 8, 4, 1.0, "5 queries over 12 keys, tiles of 4: the mask cuts through a tile"),
+        (2, 4, 2, 6, 6, 16, 4, 1.0, "grouped-query, a last tile of 2 keys"),
+        (1, 9, 3, 7, 7, 64, 3, 1.0, "SmolLM2's heads, tiles of 3"),
+        (1, 4, 1, 1, 13, 16, 5, 1.0, "a decode step: one query over 13 keys, tiles of 5"),
+        (1, 2, 2, 5, 9, 16, 64, 1.0, "a tile larger than all the keys: one tile"),
+        (1, 2, 1, 6, 10, 16, 2, 30.0, "large scores (q x 30): exp overflows without subtracting the max"),
+        (1, 2, 1, 6, 10, 16, 3, 1.0, "the largest score of each row arrives in a late tile"),
+    ]
+    cases = []
+    for seed, (b, h, hkv, tq, tk, d, tile, scale, name) in enumerate(shapes):
+        q = _randn(b, h, tq, d, seed=40 + 3 * seed) * scale
+        k, v = _randn(b, hkv, tk, d, seed=41 + 3 * seed), _randn(b, hkv, tk, d, seed=42 + 3 * seed)
+        if name.startswith("the largest score"):  # the last key points where the last queries do
+            k[:, :, -1] = 3.0 * q[:, :: h // hkv, -1]
+        show = f"q=randn{tuple(q.shape)}{' x 30' if scale != 1 else ''}, k, v=randn{tuple(k.shape)}, tile={tile}  ({name})"
+        cases.append(Case((q, k, v, tile), _sdpa_attention(q, k, v), show))
+    return cases
+
+
+def check_tiled_attention(tiled_attention) -> bool:
+    """tiled_attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, tile) -> [B, H, Tq, D],
+    causal with the queries the last Tq positions, reading keys and values `tile`
+    at a time with an online softmax; against torch's scaled_dot_product_attention.
+    Building the whole [Tq, Tk] score matrix, calling that kernel, or the course's
+    answers, is refused."""
+    forbidden = (F.scaled_dot_product_attention, reference_tiled_attention, reference_causal_gqa_attention,
+                 KVCache.attend, PagedKVCache.attend)
+    return run_check("tiled_attention", _tiled_runner(tiled_attention), _tiled_cases, same=_close,
+                     forbidden=forbidden)
+
+
 LAB = Lab(2, "attention",
-          exports=("check_rope", "check_causal_gqa_attention", "reference_rope", "reference_causal_gqa_attention"),
+          exports=("check_rope", "check_causal_gqa_attention", "check_tiled_attention", "reference_rope",
+                   "reference_causal_gqa_attention", "reference_tiled_attention"),
           pieces={"rope": "reference_rope", "attention": "reference_causal_gqa_attention"},
-          fallbacks={"check_rope": reference_rope, "check_causal_gqa_attention": reference_causal_gqa_attention})
+          fallbacks={"check_rope": reference_rope, "check_causal_gqa_attention": reference_causal_gqa_attention,
+                     "check_tiled_attention": reference_tiled_attention})
