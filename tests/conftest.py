@@ -26,20 +26,9 @@ def default_model_dir():
 def tiny_dir(tmp_path_factory, default_model_dir):
     """A 2-layer random Llama with the default model's tokenizer: the engine's
     code paths at a fraction of the cost (and torch.compile's)."""
-    import shutil
+    from tiny_model import save_tiny_llama  # tests/ is on sys.path
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir / name, folder / name)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny"), default_model_dir)
 
 
 @pytest.fixture(scope="session")

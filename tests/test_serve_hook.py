@@ -11,7 +11,6 @@ learner assembled (server/engine_protocol.py).
 """
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,8 +19,6 @@ import textwrap
 import time
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -30,6 +27,7 @@ from tinyinfer import LLM, SamplingParams  # noqa: E402
 from tinyinfer.server import build_app  # noqa: E402
 from tinyinfer.server.background import BackgroundServer  # noqa: E402
 from tinyinfer.server.engine_protocol import build_engine, check_engine_spec  # noqa: E402
+from tiny_model import TOKENIZER_FILES, save_tiny_llama  # noqa: E402 (tests/ is on sys.path)
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -84,16 +82,8 @@ def make():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, default_model_dir):
-    folder = tmp_path_factory.mktemp("tiny-served")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (default_model_dir / name).exists():
-            shutil.copy(default_model_dir / name, folder / name)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-served"), default_model_dir,
+                           files=(*TOKENIZER_FILES, "chat_template.jinja"))
 
 
 @pytest.fixture(scope="module")

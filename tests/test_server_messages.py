@@ -11,18 +11,16 @@ import ast
 import dataclasses
 import multiprocessing
 import pickle
-import shutil
 import threading
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinyinfer import LLM, LLMEngine, SamplingParams
 from tinyinfer.server import messages
 from tinyinfer.server.engine_core import EngineCore
 from tinyinfer.server.messages import AddRequest, Shutdown, StepReport
+from tiny_model import save_tiny_llama  # tests/ is on sys.path
 
 SERVER = Path(__file__).resolve().parent.parent / "src" / "tinyinfer" / "server"
 
@@ -30,15 +28,7 @@ SERVER = Path(__file__).resolve().parent.parent / "src" / "tinyinfer" / "server"
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, default_model_dir):
     """A 2-layer random Llama with the default model's tokenizer and room for long prompts."""
-    folder = tmp_path_factory.mktemp("tiny-long")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir / name, folder / name)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-long"), default_model_dir, max_position_embeddings=4096)
 
 
 def core_reports(engine, requests: list[AddRequest]) -> list[StepReport]:
