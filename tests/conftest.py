@@ -48,8 +48,25 @@ def hf_model(default_model_dir):
     return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
 
 
+def pytest_collection_finish(session):
+    """Start the notebooks' streams (and the book's build) as soon as the run
+    knows what it selected, so they run beside the engine tests instead of after
+    them: on a two-core machine the engine tests alone leave much of the second
+    core idle (Python, small tensors, waits on servers). This process then uses
+    one thread, as each stream does."""
+    from test_notebooks import _builds_book, _selected, start_streams  # tests/ is on sys.path
+
+    selected = _selected(session)
+    if selected:
+        import torch
+
+        torch.set_num_threads(1)
+        start_streams(selected, with_book=_builds_book(session))
+
+
 def pytest_collection_modifyitems(items):
-    """Run the slowest things last: engine tests, then notebooks, then the book build."""
+    """Run the slowest things last: engine tests, then notebooks, then the book build
+    (the notebooks and the build themselves start at once: pytest_collection_finish)."""
     def rank(item):
         return 2 if item.get_closest_marker("book") else 1 if item.get_closest_marker("notebooks") else 0
 

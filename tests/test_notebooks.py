@@ -25,9 +25,10 @@ stays empty, as for a learner who has solved nothing. Much of a notebook's time
 is not arithmetic (starting a kernel, imports, loading the model, a server's
 start-up), and the other stream computes meanwhile. Stored outputs hold on any
 CPU and at any thread count, so one thread changes nothing they compare.
-The streams start when the first notebook test runs, with only the notebooks
-this pytest run selected. When the run also builds the book (tests/test_book.py),
-its build starts then too, a third stream of one thread.
+The streams start as soon as collection ends (conftest.pytest_collection_finish),
+with only the notebooks this pytest run selected, and run beside the engine
+tests, which then use one thread too. When the run also builds the book
+(tests/test_book.py), its build starts then as well, a third stream of one thread.
 """
 from __future__ import annotations
 

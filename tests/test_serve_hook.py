@@ -187,3 +187,63 @@ def test_serve_help_documents_the_hook(capsys):
 def test_the_readme_documents_the_hook():
     text = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     assert "tinyinfer serve --engine" in text and "engine_protocol.py" in text
+
+
+def _your_engine(tiny_dir, num_blocks=32, block_size=4):
+    """Lab 11's YourEngine over the course's pieces, on the tiny model's weights."""
+    from tinyinfer import LLMEngine, labcheck
+
+    loaded = LLMEngine(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=1, block_size=block_size)
+    execute = labcheck.reference_make_execute_model(loaded.model, num_blocks, block_size, labcheck.reference_rope,
+                                                    labcheck.reference_grouped_paged_attention,
+                                                    labcheck.reference_causal_gqa_attention)
+    return labcheck.YourEngine("your-engine", loaded.tokenizer, labcheck.ReferenceBlockAllocator(num_blocks, block_size),
+                               labcheck.reference_schedule, execute, labcheck.reference_sample, 16, 4,
+                               loaded.eos_token_ids, loaded.max_model_len)
+
+
+def test_lab_11s_engine_serves_the_offline_engines_tokens(tiny_dir, offline):
+    """YourEngine (labcheck/serving.py) behind the server: chat streamed and
+    completions equal to LLM's, greedy and seeded; a setting it lacks is a 400
+    naming the field, and it serves on afterwards."""
+    engine = _your_engine(tiny_dir)
+    assert engine.max_model_len == 32 * 4  # the pool's size bounds a request, so none waits forever
+    prompts = ["Once upon a time", "The capital of France is", "1, 2, 3,"]
+    greedy = SamplingParams(max_tokens=7, temperature=0)
+    seeded = [SamplingParams(max_tokens=6, temperature=0.9, seed=s) for s in (1, 2, 3)]
+    with BackgroundServer(build_app(engine)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        want = offline.chat(MESSAGES, SamplingParams(max_tokens=8, temperature=0))[0].outputs[0]
+        chunks = list(client.chat.completions.create(model="your-engine", messages=MESSAGES, max_tokens=8,
+                                                     temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+        for params in [greedy] * 3 + seeded:
+            for prompt in prompts:
+                plain = offline.generate(prompt, params)[0].outputs[0]
+                got = client.completions.create(model="your-engine", prompt=prompt, max_tokens=params.max_tokens,
+                                                temperature=params.temperature, seed=params.seed)
+                assert got.choices[0].text == plain.text, (prompt, params)
+        with pytest.raises(openai.BadRequestError, match="top_p"):
+            client.completions.create(model="your-engine", prompt="hi", max_tokens=4, top_p=0.5)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="your-engine", prompt="hi", max_tokens=4 * 32 * 4)
+        again = client.completions.create(model="your-engine", prompt=prompts[0], max_tokens=7, temperature=0)
+        assert again.choices[0].text == offline.generate(prompts[0], greedy)[0].outputs[0].text
+    assert not engine.has_unfinished_requests() and len(engine.allocator.free_blocks) == 32
+
+
+def test_lab_11s_engine_aborts_and_frees_its_blocks(tiny_dir):
+    engine = _your_engine(tiny_dir)
+    engine.add_request({"prompt_token_ids": [1, 2, 3, 4, 5]}, SamplingParams(max_tokens=20, temperature=0), "a")
+    engine.add_request("Once upon a time", SamplingParams(max_tokens=20, temperature=0), "b")
+    engine.step()
+    assert len(engine.allocator.free_blocks) < 32
+    engine.abort_request("a")
+    engine.abort_request("b")
+    engine.abort_request("never-seen")  # ignored
+    assert not engine.has_unfinished_requests() and len(engine.allocator.free_blocks) == 32
+    with pytest.raises(ValueError, match="prompt"):
+        engine.add_request(42, SamplingParams(), "c")
+    with pytest.raises(ValueError, match="n=2"):
+        engine.add_request("hi", SamplingParams(n=2), "d")
+    assert not engine.has_unfinished_requests()

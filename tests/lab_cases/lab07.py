@@ -281,7 +281,7 @@ def _sha256_prefix_hashes(token_ids, block_size):
 
 
 def make_run_engine(free_finished=True, stop_on_eos=True, max_inclusive=True, skip_chunks=True,
-                    record_times=True, remove_finished=True):
+                    record_times=True, remove_finished=True, own_settings=True):
     """The continuous-batching loop; every flag True is right."""
 
     def run_engine(requests, allocator, schedule, execute_model, sample, token_budget, max_num_seqs,
@@ -298,7 +298,8 @@ def make_run_engine(free_finished=True, stop_on_eos=True, max_inclusive=True, sk
                 if req.seq_id not in logits:  # samples from the previous row it saw: a chunk's garbage
                     req.output_ids.append(0)
                     continue
-                req.output_ids.append(sample(logits[req.seq_id], 0.0, None))
+                settings = (req.temperature, req.generator) if own_settings else (0.0, None)
+                req.output_ids.append(sample(logits[req.seq_id], *settings))
                 if record_times:
                     req.token_times.append(time.perf_counter())
                 done = len(req.output_ids) >= req.max_tokens if max_inclusive else len(req.output_ids) > req.max_tokens
@@ -361,6 +362,7 @@ WRONG.update({
         make_run_engine(skip_chunks=False),  # "samples" after a prompt chunk that is not the last
         make_run_engine(record_times=False),  # no token times: no TTFT or TPOT later
         make_run_engine(remove_finished=False),  # a finished request stays in `running` (the check stops the loop)
+        make_run_engine(own_settings=False),  # samples greedily whatever the request's temperature and seed
     ],
 })
 REFERENCE.update({

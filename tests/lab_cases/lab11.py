@@ -1,10 +1,13 @@
-"""Lab 11 (your engine): engines the check must reject, one it must accept, and
-the course's own it must refuse. Collected by tests/test_labs.py.
+"""Lab 11 (your engine): forward passes and engines the checks must reject, one
+each must accept, and the course's own they must refuse. Collected by
+tests/test_labs.py.
 
 The correct engine below is written for these tests (its own RoPE, attention
 and cache); each wrong one is it with one plausible assembly mistake. The loop,
 scheduler and allocator are the course's references: the check is about
-putting the pieces together in the forward pass."""
+putting the pieces together in the forward pass. The forward passes use the
+pieces the check hands them (RoPE, paged attention, attention), as the
+exercise does; each wrong one has one mistake of the layer's wiring."""
 import math
 
 import torch
@@ -82,6 +85,65 @@ def make_serve(absolute_positions=True, read_cache=True, rotate_cached_keys=True
     return serve
 
 
+def make_forward(absolute_positions=True, attention_residual=True, mlp_residual=True, second_norm=True,
+                 final_norm=True, last_token=True, heads_in_order=True, rope_on_values=False):
+    """A forward pass with the exercise's signature; correct when every flag has its default."""
+
+    def make_execute_model(model, num_blocks, block_size, rope, paged_attention, attention):
+        cfg = model.config
+        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        pools = torch.zeros(2, cfg.num_hidden_layers, num_blocks * block_size, Hkv, D)
+
+        def execute_model(scheduled, allocator):
+            ids, pos, batch, last = [], [], [], []
+            for req, n in scheduled:
+                ids += req.token_ids[req.num_computed : req.num_computed + n]
+                pos += range(req.num_computed, req.num_computed + n) if absolute_positions else range(n)
+                batch.append((n, req.num_computed + n, list(allocator.block_tables[req.seq_id])))
+                if req.num_computed + n == req.num_tokens:
+                    last.append((req.seq_id, len(ids) - 1 if last_token else len(ids) - n))
+            pos = torch.tensor(pos)
+            with torch.no_grad():
+                x = model.model.embed_tokens(torch.tensor(ids))
+                for i, layer in enumerate(model.model.layers):
+                    h = layer.self_attn.qkv_proj(layer.input_layernorm(x)).view(len(ids), H + 2 * Hkv, D)
+                    q, k, v = h[:, :H], h[:, H : H + Hkv], h[:, H + Hkv :]  # [N, heads, D]
+                    q = rope(q.transpose(0, 1)[None], pos, cfg.rope_theta)[0].transpose(0, 1)
+                    k = rope(k.transpose(0, 1)[None], pos, cfg.rope_theta)[0].transpose(0, 1)
+                    if rope_on_values:
+                        v = rope(v.transpose(0, 1)[None], pos, cfg.rope_theta)[0].transpose(0, 1)
+                    o = paged_attention(q, k, v, pools[0, i], pools[1, i], batch, block_size, attention)
+                    o = o.reshape(len(ids), H * D) if heads_in_order else o.transpose(0, 1).reshape(len(ids), H * D)
+                    a = layer.self_attn.o_proj(o)
+                    x = x + a if attention_residual else a
+                    m = layer.mlp((layer.post_attention_layernorm if second_norm else layer.input_layernorm)(x))
+                    x = x + m if mlp_residual else m
+                if final_norm:
+                    x = model.model.norm(x)
+                logits = model.lm_head(x[[row for _, row in last]])
+            return {sid: logits[j] for j, (sid, _) in enumerate(last)}
+
+        return execute_model
+
+    return make_execute_model
+
+
+def _engine_forward(model, num_blocks, block_size, rope, paged_attention, attention):
+    """tinyinfer's ModelRunner behind the exercise's signature (labcheck's given model step)."""
+    return labcheck.make_execute_model(model, num_blocks, block_size)
+
+
+def _model_forward(model, num_blocks, block_size, rope, paged_attention, attention):
+    """The model's own forward (tinyinfer.forward.forward_tokens), recomputing each request from scratch."""
+    from tinyinfer.forward import forward_tokens
+
+    def execute_model(scheduled, allocator):
+        return {req.seq_id: forward_tokens(model, req.token_ids)[-1] for req, n in scheduled
+                if req.num_computed + n == req.num_tokens}
+
+    return execute_model
+
+
 def _tinyinfer_forward_serve(model, requests, num_blocks, block_size, token_budget, max_num_seqs, eos_token_ids):
     """Lab 7's engine: tinyinfer's model forward and paged cache do the arithmetic."""
     return labcheck.reference_run_engine(
@@ -97,6 +159,16 @@ def _model_runner_serve(model, requests, num_blocks, block_size, token_budget, m
 
 
 WRONG = {
+    "check_forward_pass": [
+        make_forward(absolute_positions=False),  # RoPE positions restart at 0 every step
+        make_forward(attention_residual=False),  # attention's output replaces the residual stream
+        make_forward(mlp_residual=False),  # the MLP's output replaces the residual stream
+        make_forward(second_norm=False),  # the MLP reads the first norm's weights, not post_attention_layernorm's
+        make_forward(final_norm=False),  # the LM head reads the last layer's output without the final norm
+        make_forward(last_token=False),  # samples from a chunk's first token, not its last
+        make_forward(heads_in_order=False),  # [N, H, D] flattened head-major: heads and tokens mixed up
+        make_forward(rope_on_values=True),  # rotates the values as well as the queries and keys
+    ],
     "check_your_engine": [
         make_serve(absolute_positions=False),  # RoPE positions restart at 0 every step
         make_serve(read_cache=False),  # attention sees only this step's keys, not the cached ones
@@ -106,5 +178,8 @@ WRONG = {
         make_serve(interleave_heads=False),  # query head h reads K/V head h % Hkv, not h // group
     ],
 }
-REFERENCE = {"check_your_engine": lambda: make_serve()}
-ANSWERS = {"check_your_engine": [_tinyinfer_forward_serve, _model_runner_serve]}
+REFERENCE = {"check_forward_pass": lambda: make_forward(), "check_your_engine": lambda: make_serve()}
+ANSWERS = {
+    "check_forward_pass": [labcheck.reference_make_execute_model, _engine_forward, _model_forward],
+    "check_your_engine": [_tinyinfer_forward_serve, _model_runner_serve],
+}

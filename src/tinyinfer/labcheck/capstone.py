@@ -1,6 +1,16 @@
-"""Lab 11 (your engine): the check that the learner's assembled engine serves a
-workload with the same greedy tokens as tinyinfer's, and the helpers the lab
-uses to compare the two on the real model.
+"""Lab 11 (your engine): the check of the learner's forward pass, the check that
+their assembled engine serves a workload with the same greedy tokens as
+tinyinfer's, and the helpers the lab uses to compare the two on the real model.
+
+The forward pass, `make_execute_model(model, num_blocks, block_size, rope,
+paged_attention, attention) -> execute_model(scheduled, allocator)`, is the
+model's arithmetic written out over its weights: embedding, per layer RMSNorm,
+the stacked Q/K/V projection, RoPE, paged attention, the output projection and
+the MLP with their residuals, then the final norm and the LM head. Its check
+drives it with the course's loop, allocator and scheduler on lab 7's
+workloads and compares every step's logits with tinyinfer's ModelRunner on the
+same steps, handing it the course's RoPE and attention (so a slip in lab 2
+cannot fail lab 11).
 
 The learner's `serve(model, requests, num_blocks, block_size, token_budget,
 max_num_seqs, eos_token_ids) -> steps` runs their own forward pass (their RoPE
@@ -16,6 +26,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import torch.nn.functional as F
 
 from ..block_manager import BlockManager
@@ -26,16 +37,144 @@ from ..model import Attention, DecoderLayer, LlamaForCausalLM, apply_rope, rope_
 from ..model_runner import ModelRunner
 from ..paged_kv_cache import PagedKVCache
 from ..scheduler import Scheduler
+from .attention import reference_causal_gqa_attention, reference_rope
+from .batching import ReferenceBlockAllocator
 from .core import Case, run_check
 from .fixtures import WORKLOADS, engine_outputs, eos_for, tiny_model, tiny_prompt
+from .given import greedy
+from .given import make_execute_model as engine_execute_model
+from .paged_attention import reference_paged_attention
 from .records import Request
 from .registry import Lab
+from .scheduling_answers import reference_run_engine, reference_schedule
 from .watch import paused
 
 # What a serve may not call: the engine's forward pass and everything that runs one.
 FORBIDDEN = (LlamaForCausalLM.forward, LlamaForCausalLM.rope_at, DecoderLayer, Attention, apply_rope, rope_tables,
              PagedKVCache, KVCache, ModelRunner, Scheduler, BlockManager, LLMEngine, LLM,
              F.scaled_dot_product_attention)
+
+
+# ---------------------------------------------------------------- the forward pass
+
+
+def reference_make_execute_model(model, num_blocks: int, block_size: int, rope, paged_attention, attention):
+    """The course's answer to lab 11's forward-pass exercise."""
+    cfg, layers = model.config, model.model.layers
+    H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    k_pools = torch.zeros(cfg.num_hidden_layers, num_blocks * block_size, Hkv, D)  # per layer, a pool of slots
+    v_pools = torch.zeros_like(k_pools)
+
+    def execute_model(scheduled, allocator) -> dict:
+        ids, positions, batch = [], [], []  # batch: (new tokens, context length, block table) per request
+        for req, n in scheduled:
+            start = req.num_computed
+            ids += req.token_ids[start : start + n]
+            positions += range(start, start + n)
+            batch.append((n, start + n, allocator.block_tables[req.seq_id]))
+        positions = torch.tensor(positions)
+        with torch.inference_mode():
+            x = model.model.embed_tokens(torch.tensor(ids))  # [N, C]
+            for i, layer in enumerate(layers):
+                qkv = layer.self_attn.qkv_proj(layer.input_layernorm(x)).view(-1, H + 2 * Hkv, D).transpose(0, 1)
+                q = rope(qkv[None, :H], positions, cfg.rope_theta)[0]  # [H, N, D]
+                k = rope(qkv[None, H : H + Hkv], positions, cfg.rope_theta)[0]  # [Hkv, N, D]
+                v = qkv[H + Hkv :]
+                o = paged_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), k_pools[i], v_pools[i],
+                                    batch, block_size, attention)  # [N, H, D]
+                x = x + layer.self_attn.o_proj(o.reshape(len(ids), H * D))
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = model.model.norm(x)
+            ends = torch.tensor([n for n, _, _ in batch]).cumsum(0) - 1  # each request's last new token
+            rows = [(req, int(ends[b])) for b, (req, n) in enumerate(scheduled)
+                    if req.num_computed + n == req.num_tokens]  # requests that sample after this step
+            logits = model.lm_head(x[[row for _, row in rows]]).float()
+        return {req.seq_id: logits[j] for j, (req, _) in enumerate(rows)}
+
+    return execute_model
+
+
+class _Steps:
+    """Every step's logits (seq_id -> [V]) and the greedy tokens that came of them."""
+
+    def __init__(self, steps: list[dict], outputs: dict):
+        self.steps, self.outputs = steps, outputs
+
+    def __repr__(self):
+        first = next(((k, s, sid) for k, step in enumerate(self.steps) for sid, s in step.items()), None)
+        head = "" if first is None else (f"; step {first[0]}'s logits for {first[2]!r} start "
+                                         f"{[round(x, 4) for x in first[1][:3].tolist()]}")
+        return f"{len(self.steps)} steps, greedy tokens {self.outputs}{head}"
+
+
+def _same_steps(got, expected, atol: float = 1e-4) -> bool:
+    """Same steps, the same requests sampling in each, logits within atol (another
+    attention's order of additions moves them in the sixth decimal)."""
+    if not isinstance(got, _Steps) or len(got.steps) != len(expected.steps) or got.outputs != expected.outputs:
+        return False
+    for mine, theirs in zip(got.steps, expected.steps):
+        if set(mine) != set(theirs):
+            return False
+        for sid, row in theirs.items():
+            if not (isinstance(mine[sid], torch.Tensor) and mine[sid].shape == row.shape
+                    and torch.allclose(mine[sid].float(), row, atol=atol)):
+                return False
+    return True
+
+
+def _forward_steps(build_execute, w, eos) -> _Steps:
+    """The workload through the course's loop, allocator and scheduler (greedy),
+    with `build_execute(model)`'s forward pass; every step's logits recorded."""
+    requests = [Request(s, tiny_prompt(s, p), m) for s, p, m in w.requests]
+    with paused():  # building the model runs DecoderLayer's and Attention's constructors
+        model = tiny_model()
+    g = torch.Generator().manual_seed(11)
+    for name, p in model.named_parameters():  # norms start at all ones: make each layer's norms tell apart
+        if name.endswith("norm.weight"):
+            p.data = 1 + 0.3 * torch.randn(p.shape, generator=g)
+    execute = build_execute(model)
+    steps = []
+
+    def recorded(scheduled, allocator):
+        logits = execute(scheduled, allocator)
+        steps.append({sid: row.detach().float().clone() for sid, row in dict(logits).items()})
+        return logits
+
+    reference_run_engine(requests, ReferenceBlockAllocator(w.num_blocks, w.block_size), reference_schedule,
+                         recorded, greedy, w.token_budget, w.max_num_seqs, list(eos))
+    return _Steps(steps, {r.seq_id: list(r.output_ids) for r in requests})
+
+
+@functools.lru_cache(maxsize=1)
+def _forward_cases() -> tuple[Case, ...]:
+    cases = []
+    for w in WORKLOADS:
+        eos = tuple(eos_for(w))
+        expected = _forward_steps(lambda model: engine_execute_model(model, w.num_blocks, w.block_size), w, eos)
+        show = (f"lab 7's workload ({w.why}) on a tiny random 2-layer model (4 query heads, 2 K/V heads, head_dim "
+                f"16), served by the course's loop, allocator and scheduler; num_blocks={w.num_blocks}, "
+                f"block_size={w.block_size}, token_budget={w.token_budget}; every step's logits compared")
+        cases.append(Case((w, eos), expected, show))
+    return tuple(cases)
+
+
+def check_forward_pass(make_execute_model) -> bool:
+    """make_execute_model(model, num_blocks, block_size, rope, paged_attention,
+    attention) -> execute_model(scheduled, allocator) -> {seq_id: logits [V]}:
+    every step's logits against tinyinfer's ModelRunner on the same steps (given
+    the course's RoPE, paged attention and attention). Kept as
+    "make_execute_model" on a pass."""
+    def run(w, eos):
+        return _forward_steps(lambda model: make_execute_model(model, w.num_blocks, w.block_size, reference_rope,
+                                                               reference_paged_attention,
+                                                               reference_causal_gqa_attention), w, eos)
+
+    return run_check("forward_pass", run, lambda: list(_forward_cases()), same=_same_steps,
+                     forbidden=FORBIDDEN + (engine_execute_model, reference_make_execute_model),
+                     keep=("make_execute_model", make_execute_model))
+
+
+# ---------------------------------------------------------------- the assembled engine
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,4 +224,7 @@ def compare_outputs(mine: dict, engine: dict, decode=None) -> bool:
     return same == len(engine)
 
 
-LAB = Lab(11, "your engine", exports=("check_your_engine", "compare_outputs"))
+LAB = Lab(11, "your engine",
+          exports=("check_forward_pass", "reference_make_execute_model", "check_your_engine", "compare_outputs"),
+          pieces={"make_execute_model": "reference_make_execute_model"},
+          fallbacks={"check_forward_pass": reference_make_execute_model})

@@ -1,5 +1,6 @@
-"""Lab 11 (your engine): the check of paged attention (capstone.py has the
-check of the assembled engine).
+"""Lab 11 (your engine): the checks of paged attention, per request and with the
+decodes grouped (capstone.py has the checks of the forward pass and of the
+assembled engine).
 
 Paged attention is the one piece lab 11 adds: the step's new keys and values
 go into a shared pool of slots, at the slots that each sequence's block table
@@ -9,6 +10,9 @@ PagedKVCache.attend on the same packed step (decodes and prompt chunks mixed,
 blocks scattered through the pool): the outputs, and the pool afterwards.
 """
 from __future__ import annotations
+
+import math
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +126,114 @@ def check_paged_attention(paged_attention) -> bool:
                      keep=("paged_attention", paged_attention))
 
 
-LAB = Lab(11, "your engine", exports=("check_paged_attention", "reference_paged_attention"),
-          pieces={"paged_attention": "reference_paged_attention"},
-          fallbacks={"check_paged_attention": reference_paged_attention})
+# ---------------------------------------------------------------- grouped decodes
+
+
+def reference_grouped_paged_attention(q, k, v, k_pool, v_pool, batch, block_size, attention):
+    """The course's answer to lab 11's grouped paged attention exercise."""
+    H, Hkv, D = q.shape[1], k.shape[1], q.shape[2]
+    starts = [0, *accumulate(n for n, _, _ in batch)]  # each request's first row
+    decodes = [b for b, (n, _, _) in enumerate(batch) if n == 1]
+    new = torch.empty(q.shape[0], dtype=torch.long)  # the slot of every new token, in the row's order
+    if decodes:  # one block table for all decodes, the shorter ones padded with their last block
+        widest = max(len(batch[b][2]) for b in decodes)
+        tables = torch.tensor([batch[b][2] + batch[b][2][-1:] * (widest - len(batch[b][2])) for b in decodes])
+        lens = torch.tensor([batch[b][1] for b in decodes])  # [B]
+        pos = torch.arange(int(lens.max()))  # [L]
+        slots = tables[:, pos // block_size] * block_size + pos % block_size  # [B, L]
+        rows = torch.tensor([starts[b] for b in decodes])
+        new[rows] = slots[torch.arange(len(decodes)), lens - 1]  # a decode's new token is its last position
+    for b, (n, ctx, table) in enumerate(batch):
+        if n > 1:
+            p = torch.arange(ctx - n, ctx)
+            new[starts[b] : starts[b] + n] = torch.tensor(table)[p // block_size] * block_size + p % block_size
+    k_pool.index_copy_(0, new, k)  # every new key and value into its slot: one copy per pool
+    v_pool.index_copy_(0, new, v)
+    out = torch.empty_like(q)
+    for b, (n, ctx, table) in enumerate(batch):  # prompt chunks: one attention call each
+        if n > 1:
+            p = torch.arange(ctx)
+            s = torch.tensor(table)[p // block_size] * block_size + p % block_size
+            keys, values = (pool.index_select(0, s).transpose(0, 1)[None] for pool in (k_pool, v_pool))
+            out[starts[b] : starts[b] + n] = attention(q[starts[b] : starts[b] + n].transpose(0, 1)[None],
+                                                       keys, values)[0].transpose(0, 1)
+    if decodes:  # every decode at once
+        B, flat = len(decodes), slots.flatten()
+        keys = k_pool.index_select(0, flat).view(B, -1, Hkv, D).transpose(1, 2)  # [B, Hkv, L, D]
+        values = v_pool.index_select(0, flat).view(B, -1, Hkv, D).transpose(1, 2)
+        queries = q[rows].view(B, Hkv, H // Hkv, D)  # query head h reads K/V head h // group
+        scores = queries @ keys.transpose(-1, -2) / math.sqrt(D)  # [B, Hkv, group, L]
+        scores = scores.masked_fill((pos >= lens[:, None])[:, None, None], float("-inf"))  # the padding
+        out[rows] = (scores.softmax(-1) @ values).view(B, H, D)
+    return out
+
+
+# (num_new, context_len) per sequence, block size, blocks in the pool, what the case is for
+_GROUPED_STEPS = _STEPS + [
+    ([(1, 3), (1, 17), (1, 8), (1, 1), (1, 12)], 4, 24, "five decodes of very different lengths (one its first token)"),
+    ([(4, 4), (1, 6), (2, 9), (1, 16), (3, 3)], 4, 24, "three prompt chunks among two decodes"),
+]
+
+
+class _Counted:
+    """The attention a check hands the learner, counting its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, q, k, v):
+        self.calls += 1
+        return reference_causal_gqa_attention(q, k, v)
+
+
+class _GroupedResult(_Result):
+    def __init__(self, out, k_pool, v_pool, attention_calls):
+        super().__init__(out, k_pool, v_pool)
+        self.attention_calls = attention_calls
+
+    def __repr__(self):
+        return f"{super().__repr__()}; {self.attention_calls} call(s) to attention"
+
+
+def _grouped_cases() -> list[Case]:
+    cases = []
+    for seed, (rows, block_size, num_blocks, why) in enumerate(_GROUPED_STEPS):
+        q, k, v, k_pool, v_pool, batch = _step(rows, block_size, num_blocks, seed)
+        chunks = sum(n > 1 for n, _ in rows)
+        expected = _GroupedResult(*_engine(q, k, v, k_pool, v_pool, batch, block_size), chunks)
+        show = (f"{why}: batch (num_new, context_len, block_table) = {batch}, block_size={block_size}; "
+                f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, pools {tuple(k_pool.shape)}; attention is for the "
+                f"{chunks} prompt chunk(s) only, the decodes are one computation of yours")
+        cases.append(Case((q, k, v, k_pool, v_pool, batch, block_size), expected, show))
+    return cases
+
+
+def _same_grouped(got, expected) -> bool:
+    return _same(got, expected) and got.attention_calls == expected.attention_calls
+
+
+def check_grouped_paged_attention(grouped_paged_attention) -> bool:
+    """grouped_paged_attention(q, k, v, k_pool, v_pool, batch, block_size,
+    attention): paged_attention's contract, against PagedKVCache.attend, with
+    `attention` called once per prompt chunk and never for a decode (the decodes
+    are one padded, masked computation)."""
+    def run(q, k, v, k_pool, v_pool, batch, block_size):
+        k_pool, v_pool = k_pool.clone(), v_pool.clone()
+        attention = _Counted()
+        out = grouped_paged_attention(q.clone(), k.clone(), v.clone(), k_pool, v_pool,
+                                      [(n, c, list(t)) for n, c, t in batch], block_size, attention)
+        return _GroupedResult(out, k_pool, v_pool, attention.calls)
+
+    return run_check("grouped_paged_attention", run, _grouped_cases, same=_same_grouped,
+                     forbidden=(reference_grouped_paged_attention, reference_paged_attention, PagedKVCache,
+                                F.scaled_dot_product_attention),
+                     keep=("grouped_paged_attention", grouped_paged_attention))
+
+
+LAB = Lab(11, "your engine",
+          exports=("check_paged_attention", "reference_paged_attention", "check_grouped_paged_attention",
+                   "reference_grouped_paged_attention"),
+          pieces={"paged_attention": "reference_paged_attention",
+                  "grouped_paged_attention": "reference_grouped_paged_attention"},
+          fallbacks={"check_paged_attention": reference_paged_attention,
+                     "check_grouped_paged_attention": reference_grouped_paged_attention})

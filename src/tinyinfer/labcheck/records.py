@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class Request:
@@ -16,6 +18,15 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose keys and values are in the KV cache
     token_times: list[float] = field(default_factory=list)  # time.perf_counter() of each output token
+    temperature: float = 0.0  # 0: greedy
+    seed: int | None = None  # a seeded request draws from its own stream, whatever else runs
+    generator: torch.Generator | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        # The engine's rule (sampling.make_generator): one generator per seeded
+        # request, seeded once, so its draws equal LLM.generate's with that seed.
+        if self.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.seed)
 
     @property
     def token_ids(self) -> list[int]:

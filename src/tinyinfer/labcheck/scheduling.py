@@ -167,7 +167,17 @@ class _Stopped(Exception):
 
 def _play_engine(run_engine, w: Workload, eos_token_ids: list[int]) -> dict:
     allocator = ReferenceBlockAllocator(w.num_blocks, w.block_size)
-    requests = [Request(s, tiny_prompt(s, p), m) for s, p, m in w.requests]
+    # Each request has its own temperature and seed; the check's sampler stays
+    # greedy (so the tokens are the engine's) and notes what it was handed.
+    requests = [Request(s, tiny_prompt(s, p), m, temperature=0.5 + k / 8, seed=100 + k)
+                for k, (s, p, m) in enumerate(w.requests)]
+    settings = {r.temperature: r.generator for r in requests}
+    handed = []
+
+    def recording_sample(logits, temperature, generator):
+        handed.append(settings.get(temperature, "none") is generator)
+        return greedy(logits)
+
     calls = [0]
 
     def counted_schedule(*args):  # the course's schedule: only the loop is checked here
@@ -183,17 +193,18 @@ def _play_engine(run_engine, w: Workload, eos_token_ids: list[int]) -> dict:
     with paused():  # the check's own model step: the engine's ModelRunner, which the loop may not call itself
         execute_model = pausing(make_execute_model(tiny_model(), w.num_blocks, w.block_size))
     try:
-        steps = run_engine(requests, allocator, counted_schedule, execute_model, greedy,
+        steps = run_engine(requests, allocator, counted_schedule, execute_model, recording_sample,
                            w.token_budget, w.max_num_seqs, eos_token_ids)
     except _Stopped as e:
         steps = str(e)
     return _engine_result({r.seq_id: r.output_ids for r in requests}, steps, len(allocator.free_blocks),
-                          {r.seq_id: len(r.token_times) for r in requests})
+                          {r.seq_id: len(r.token_times) for r in requests}, all(handed))
 
 
-def _engine_result(outputs, steps, free_blocks, times) -> dict:
+def _engine_result(outputs, steps, free_blocks, times, own_settings=True) -> dict:
     return {"outputs": outputs, "steps": steps, "free blocks at the end": free_blocks,
-            "token_times per request": times}
+            "token_times per request": times, "each token sampled with its request's temperature and generator":
+            own_settings}
 
 
 @functools.lru_cache(maxsize=1)
@@ -207,7 +218,8 @@ def _run_engine_cases() -> tuple[Case, ...]:
         reqs = ", ".join(f"{s}: prompt {p}, max_tokens {m}" for s, p, m in w.requests)
         show = (f"{w.why}. A tiny random 2-layer model; BlockAllocator({w.num_blocks}, block_size="
                 f"{w.block_size}), token_budget={w.token_budget}, max_num_seqs={w.max_num_seqs}, "
-                f"eos_token_ids={eos}; requests {reqs}")
+                f"eos_token_ids={eos}; requests {reqs}, request k with temperature 0.5 + k/8 and seed 100 + k "
+                f"(the check's sampler is greedy, so the tokens stay the engine's)")
         cases.append(Case((w, eos), expected, show))
     return tuple(cases)
 
@@ -215,7 +227,8 @@ def _run_engine_cases() -> tuple[Case, ...]:
 def check_run_engine(run_engine) -> bool:
     """run_engine(requests, allocator, schedule, execute_model, sample, token_budget,
     max_num_seqs, eos_token_ids) -> number of steps; every request's greedy
-    tokens and the step count against tinyinfer's Scheduler + ModelRunner."""
+    tokens and the step count against tinyinfer's Scheduler + ModelRunner, and
+    every token sampled with its request's own temperature and generator."""
     return run_check("run_engine", lambda w, eos: _play_engine(run_engine, w, eos), lambda: list(_run_engine_cases()),
                      forbidden=(reference_run_engine, LLMEngine, LLM, Scheduler, ModelRunner, BlockManager),
                      keep=("run_engine", run_engine))

@@ -82,7 +82,7 @@ def reference_run_engine(requests: list[Request], allocator, schedule, execute_m
             req.num_computed += n
             if req.seq_id not in logits:  # a prompt chunk that is not the last
                 continue
-            token = sample(logits[req.seq_id], 0.0, None)
+            token = sample(logits[req.seq_id], req.temperature, req.generator)
             req.output_ids.append(token)
             req.token_times.append(now)
             if token in eos_token_ids or len(req.output_ids) >= req.max_tokens:
