@@ -52,14 +52,17 @@ def pytest_collection_finish(session):
     """Start the notebooks' streams (and the book's build) as soon as the run
     knows what it selected, so they run beside the engine tests instead of after
     them: on a two-core machine the engine tests alone leave much of the second
-    core idle (Python, small tensors, waits on servers). This process then uses
-    one thread, as each stream does."""
+    core idle (Python, small tensors, waits on servers). This process, and every
+    process a test starts, then use one thread, as each stream does: OpenMP
+    threads that spin waiting for a thread the OS has parked on a busy core
+    made one benchmark test 14 times slower than alone."""
     from test_notebooks import _builds_book, _selected, start_streams  # tests/ is on sys.path
 
     selected = _selected(session)
     if selected:
         import torch
 
+        os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
         torch.set_num_threads(1)
         start_streams(selected, with_book=_builds_book(session))
 
