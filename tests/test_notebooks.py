@@ -115,9 +115,8 @@ def _builds_book(session) -> bool:
 
 @pytest.mark.notebooks
 @pytest.mark.parametrize("notebook, mode", CASES)
-def test_notebook_runs(notebook: Path, mode: str, request) -> None:
-    start_streams(_selected(request.session), with_book=_builds_book(request.session))
-    proc = _RUNS[(notebook, mode)].result()
+def test_notebook_runs(notebook: Path, mode: str) -> None:
+    proc = _RUNS[(notebook, mode)].result()  # started with the streams, when collection ended (conftest.py)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(map(str, proc.args))}\nexit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}",
                     pytrace=False)

@@ -246,4 +246,8 @@ def test_lab_11s_engine_aborts_and_frees_its_blocks(tiny_dir):
         engine.add_request(42, SamplingParams(), "c")
     with pytest.raises(ValueError, match="n=2"):
         engine.add_request("hi", SamplingParams(n=2), "d")
+    with pytest.raises(ValueError, match="every id must be an integer"):
+        engine.add_request({"prompt_token_ids": [1, 10**6]}, SamplingParams(), "e")
+    with pytest.raises(ValueError, match="context window"):
+        engine.add_request("hi", SamplingParams(max_tokens=32 * 4), "f")
     assert not engine.has_unfinished_requests()

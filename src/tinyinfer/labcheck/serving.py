@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..checks import check_context_window, check_prompt_ids
 from ..detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling import SamplingParams
@@ -47,7 +48,7 @@ class YourEngine:
     def add_request(self, prompt, params: SamplingParams, request_id: str) -> str:
         """Queue one request; a ValueError names the field of a request this engine refuses."""
         ids = self._prompt_ids(prompt)
-        self._check(params, len(ids), request_id)
+        self._check(params, ids, request_id)
         req = Request(request_id, ids, params.max_tokens, temperature=params.temperature, seed=params.seed)
         self.requests[request_id] = (req, params, IncrementalDetokenizer(self.tokenizer.decode, req.output_ids, 0), [])
         self.waiting.append(req)
@@ -60,15 +61,13 @@ class YourEngine:
             return list(prompt["prompt_token_ids"])
         raise ValueError(f"prompt={prompt!r:.80} is invalid: must be a string or {{'prompt_token_ids': [...]}}")
 
-    def _check(self, params: SamplingParams, num_prompt: int, request_id: str) -> None:
+    def _check(self, params: SamplingParams, ids: list[int], request_id: str) -> None:
         params.validate()  # the ranges every engine refuses (SamplingParams' own checks)
         if request_id in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use by an unfinished request")
-        if num_prompt == 0:
-            raise ValueError("prompt is invalid: it has no tokens")
-        if num_prompt + params.max_tokens > self.max_model_len:
-            raise ValueError(f"max_tokens={params.max_tokens} is invalid: the prompt's {num_prompt} tokens plus "
-                             f"max_tokens must be at most {self.max_model_len} (your KV pool's size)")
+        # LLMEngine's own checks: an id outside the vocabulary would fail inside a step, not here
+        check_prompt_ids(ids, self.tokenizer.vocab_size, "prompt")
+        check_context_window(len(ids), params.max_tokens, self.max_model_len, "max_tokens")
         # What your sampler and loop do not implement: refused by name, never silently ignored.
         unsupported = {"n": params.n != 1, "top_p": params.top_p != 1.0, "top_k": params.top_k not in (0, -1),
                        "min_p": params.min_p != 0.0, "repetition_penalty": params.repetition_penalty != 1.0,
