@@ -232,3 +232,41 @@ def test_quantized_layers_follow_the_same_rule(cls):
         layer(x)
     repack(layer)
     torch.testing.assert_close(layer(x), 2 * want, rtol=1e-3, atol=1e-3)
+
+
+@needs_packing
+def test_pack_for_cpu_makes_each_layout_once(monkeypatch):
+    """Every weight is packed once by pack_for_cpu (twice doubled LLM()'s load
+    time), quantized layers keep the layout they were made with, and a layer
+    whose weight was edited in place since is packed again."""
+    calls = []
+    pack = cpu_linear.pack_weight
+    monkeypatch.setattr(cpu_linear, "pack_weight", lambda w: calls.append(w.shape) or pack(w))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(80, 96, bias=False), nn.Linear(96, 80, bias=False),
+                          Int8Linear.from_weight(torch.randn(64, 80))).requires_grad_(False)
+    made = model[2].kernel_scales
+    pack_for_cpu(model)
+    assert calls == [(96, 80), (80, 96)]
+    assert model[2].kernel_scales is made  # built by from_weight for this dtype: kept
+    model[0].weight.mul_(2)  # an in-place edit: its layout is stale now
+    pack_for_cpu(model)
+    assert calls == [(96, 80), (80, 96), (96, 80)]
+    assert torch.allclose(model[0](torch.ones(1, 80)), F.linear(torch.ones(1, 80), model[0].weight), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_loading_the_model_does_not_import_torch_compile(tiny_dir):
+    """LLM() builds its skeleton on the meta device; torch's reference kernels
+    for meta tensors import torch._dynamo (seconds) on first use, which the
+    loader avoids: a notebook or server that never compiles never pays for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tinyinfer import LLM, SamplingParams; "
+            f"llm = LLM({str(tiny_dir)!r}, dtype='float32', device='cpu'); "
+            "llm.generate(['Hello'], SamplingParams(max_tokens=2, temperature=0)); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

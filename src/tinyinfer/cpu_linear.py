@@ -142,6 +142,11 @@ class PackedModule(nn.Module):
             self.build_layout()
         self._layout_versions = _versions(self.layout_sources())
 
+    def layout_is_current(self) -> bool:
+        """Was the layout made from the weights as they are now? (False when that
+        cannot be known: no layout made yet, or weights made in inference mode.)"""
+        return self._layout_versions is not None and _versions(self.layout_sources()) == self._layout_versions
+
     def check_layout(self) -> None:
         """Rule 4: refuse a layout older than its weights' last in-place edit."""
         if self._layout_versions is None or torch.compiler.is_compiling():
@@ -248,10 +253,16 @@ def pack_for_cpu(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modul
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and swappable(child.weight, child.bias):
-                setattr(parent, name, PackedLinear.from_linear(child))
-            elif hasattr(child, "kernel_dtype"):  # a quantized layer: activations arrive in `dtype`
-                child.kernel_dtype = dtype
-    return repack(model)
+                setattr(parent, name, PackedLinear.from_linear(child))  # packed as it is made
+            elif hasattr(child, "kernel_dtype") and child.kernel_dtype is not dtype:
+                child.kernel_dtype = dtype  # a quantized layer: activations arrive in `dtype`
+                child.clear_layout()  # its layout was built for another dtype
+    # Every other layout is rebuilt from the weights as they are now, unless it was
+    # just made from them: packing each weight twice would double LLM()'s load time.
+    for m in model.modules():
+        if isinstance(m, PackedModule) and not m.layout_is_current():
+            m.repack()
+    return model
 
 
 def repack(model: nn.Module) -> nn.Module:

@@ -166,7 +166,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        cos, sin = rope_tables(config)
+        # On the CPU even when the model is built on the meta device (weights.load_model):
+        # arithmetic on meta tensors runs torch's Python reference kernels, whose first
+        # use imports torch.compile's machinery (seconds). .to() moves them with the model.
+        cos, sin = rope_tables(config, device="cpu")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

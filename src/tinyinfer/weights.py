@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from .config import DEFAULT_MODEL, ModelConfig
 
@@ -165,10 +167,10 @@ def stack_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> di
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device):
     """Build the model skeleton without initialising it (meta device: no memory,
     no random init), then adopt the checkpoint's tensors as its parameters."""
-    from .model import LlamaForCausalLM, rope_tables
+    from .model import LlamaForCausalLM
 
     config = read_config(folder)
-    with torch.device("meta"):
+    with torch.device("meta"), _embedding_init_skipped():
         model = LlamaForCausalLM(config)
     state = stack_projections(load_state_dict(folder), config)
     if config.tie_word_embeddings:
@@ -180,6 +182,19 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device):
         raise ValueError(f"checkpoint in {folder} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if config.tie_word_embeddings:  # assign=True replaced both; make them one tensor again
         model.lm_head.weight = model.model.embed_tokens.weight
-    cos, sin = rope_tables(config)
-    model.rope_cos, model.rope_sin = cos, sin
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()  # the RoPE tables were made on the CPU: see the model
+
+
+@contextmanager
+def _embedding_init_skipped():
+    """Build nn.Embedding without its random init (the checkpoint replaces it).
+    On the meta device torch runs that init through its Python reference
+    kernels, whose first use imports torch.compile's machinery: seconds of every
+    LLM() on a laptop CPU, for numbers nobody reads. (nn.Linear's init takes a
+    native path on meta and costs nothing.)"""
+    init = nn.Embedding.reset_parameters
+    nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Embedding.reset_parameters = init
