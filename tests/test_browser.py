@@ -6,7 +6,9 @@ offline. Each page must show its title and contents with no console errors; its
 equations must be typeset by MathJax; its widgets (saved ipywidget state) must be
 drawn by the widget manager and its plots must be loaded images. Screenshots go
 to $SCREENSHOT_DIR (default: _build/screenshots) and their paths are printed
-(pytest -s shows them).
+(pytest -s shows them): of the first screen of each page, or of the whole page
+when SCREENSHOT_DIR is set, i.e. when someone means to look at them (a whole
+long page takes ~2.5 s to paint and encode, most of a page's test).
 
 It reuses the book that tests/test_book.py builds (one build per pytest run).
 The browser is Debian's chromium driven by the `playwright` package; Playwright's
@@ -38,6 +40,7 @@ INSTALL_HINT = ("install it with: apt-get install -y chromium (Debian/Ubuntu) an
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 60_000  # generous: the test machines are small and shared
+FULL_PAGE_SHOTS = bool(os.environ.get("SCREENSHOT_DIR"))  # see the docstring
 PLOT = ".cell_output img"  # matplotlib figures: PNGs in cell outputs
 WIDGET = ".jupyter-widgets"  # what the widget manager draws
 
@@ -173,7 +176,7 @@ def test_page_renders_offline(page: str, site, browser, screenshots: Path) -> No
             assert width > 0, f"{page}: plot {i} ({img.get_attribute('src')}) did not load"
 
         shot = screenshots / f"{page.replace('/', '_')}.png"
-        p.screenshot(path=str(shot), full_page=True)
+        p.screenshot(path=str(shot), full_page=FULL_PAGE_SHOTS)
         print(f"screenshot: {shot}")
         assert not visit.blocked, f"{page} tried to reach the internet: {visit.blocked}"
         assert not visit.errors, f"{page}: errors in the browser console:\n" + "\n".join(visit.errors)
