@@ -103,9 +103,7 @@ def _build(out: Path, env: dict[str, str]) -> dict[str, object]:
     proc = subprocess.run(vendor, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return {"error": f"{' '.join(vendor)}\nexit code {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"}
-    from test_notebooks import NICE  # tests/ is on sys.path; the build is a background stream too
-
-    cmd = [*NICE, jupyter_book(), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
+    cmd = [jupyter_book(), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -33,7 +33,6 @@ tests, which then use one thread too. When the run also builds the book
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,12 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SANITIZE = ROOT / "tests" / "sanitize.cfg"
 CELL_TIMEOUT_S = 300
 NOTEBOOK_TIMEOUT_S = 1200
-# The streams (and the book's build) run at a lower priority than the engine
-# tests: those are one chain in the main process, the run's longest, so they get
-# a core whenever they want one, while the streams share what is left and, at
-# the end, both cores. At equal priority the engine tests finished last, alone
-# on one core, while the other idled for minutes.
-NICE = ["nice", "-n", "5"] if shutil.which("nice") else []
 
 CASES = [pytest.param(p, "--nbval", id=f"strict:{p.relative_to(ROOT)}")
          for p in sorted((ROOT / "solutions").glob("*.ipynb"))]
@@ -66,7 +59,7 @@ _LOCK = threading.Lock()
 
 def run_notebook(notebook: Path, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     cmd = [
-        *NICE, sys.executable, "-m", "pytest", str(notebook.relative_to(ROOT)), mode,
+        sys.executable, "-m", "pytest", str(notebook.relative_to(ROOT)), mode,
         "--nbval-sanitize-with", str(SANITIZE.relative_to(ROOT)),
         "--nbval-current-env",  # the kernel runs this interpreter, i.e. the venv
         f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
