@@ -270,3 +270,31 @@ def test_loading_the_model_does_not_import_torch_compile(tiny_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_skipping_the_embeddings_init_touches_no_other_thread():
+    """The skeleton's nn.Embedding skips its random init through a process-wide
+    swap: another thread's embedding, made meanwhile, must still be initialised,
+    and torch's own method must come back, however the builds interleave."""
+    import threading
+
+    from tinyinfer import weights
+
+    original = nn.Embedding.reset_parameters
+    made = {}
+    with weights._embedding_init_skipped():
+        other = threading.Thread(target=lambda: made.setdefault("other", nn.Embedding(1000, 8)))
+        other.start()
+        other.join()
+
+    def build():
+        with weights._embedding_init_skipped():
+            nn.Embedding(10, 4, device="meta")
+
+    builds = [threading.Thread(target=build) for _ in range(4)]  # skeletons built at the same time
+    for b in builds:
+        b.start()
+    for b in builds:
+        b.join()
+    assert nn.Embedding.reset_parameters is original
+    assert 0.8 < made["other"].weight.std().item() < 1.2  # N(0, 1): its init ran

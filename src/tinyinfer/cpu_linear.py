@@ -259,16 +259,14 @@ def pack_for_cpu(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modul
                 child.clear_layout()  # its layout was built for another dtype
     # Every other layout is rebuilt from the weights as they are now, unless it was
     # just made from them: packing each weight twice would double LLM()'s load time.
-    for m in model.modules():
-        if isinstance(m, PackedModule) and not m.layout_is_current():
-            m.repack()
-    return model
+    return repack(model, only_stale=True)
 
 
-def repack(model: nn.Module) -> nn.Module:
+def repack(model: nn.Module, only_stale: bool = False) -> nn.Module:
     """Rebuild every kernel layout in `model` from its weights as they are now.
-    Call it after editing weights in place (through .data especially: rule 4)."""
+    Call it after editing weights in place (through .data especially: rule 4).
+    only_stale: skip the layouts known to be made from the weights as they are."""
     for m in model.modules():
-        if isinstance(m, PackedModule):
+        if isinstance(m, PackedModule) and not (only_stale and m.layout_is_current()):
             m.repack()
     return model

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -185,16 +186,29 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device):
     return model.to(device=device, dtype=dtype).eval()  # the RoPE tables were made on the CPU: see the model
 
 
+_EMBEDDING_INIT = nn.Embedding.reset_parameters  # torch's own, kept at import
+_SKELETON_LOCK = threading.Lock()  # one skeleton at a time: the swap below is process-wide
+_building_skeleton = threading.local()  # set only in the thread that builds one
+
+
+def _reset_unless_building(self: nn.Embedding) -> None:
+    if not getattr(_building_skeleton, "active", False):
+        _EMBEDDING_INIT(self)  # another thread's nn.Embedding keeps its random init
+
+
 @contextmanager
 def _embedding_init_skipped():
     """Build nn.Embedding without its random init (the checkpoint replaces it).
     On the meta device torch runs that init through its Python reference
     kernels, whose first use imports torch.compile's machinery: seconds of every
     LLM() on a laptop CPU, for numbers nobody reads. (nn.Linear's init takes a
-    native path on meta and costs nothing.)"""
-    init = nn.Embedding.reset_parameters
-    nn.Embedding.reset_parameters = lambda self: None
-    try:
-        yield
-    finally:
-        nn.Embedding.reset_parameters = init
+    native path on meta and costs nothing.) Safe across threads: only the
+    thread inside skips the init, and torch's own method always comes back."""
+    with _SKELETON_LOCK:
+        _building_skeleton.active = True
+        nn.Embedding.reset_parameters = _reset_unless_building
+        try:
+            yield
+        finally:
+            nn.Embedding.reset_parameters = _EMBEDDING_INIT
+            _building_skeleton.active = False
