@@ -44,6 +44,17 @@ Conventions in a solution notebook:
   check cell's source starts folded (JupyterLab's `source_hidden`), since it
   shows how the answer is computed.
 
+- A code cell tagged `engine-only` is an experiment on the course's engine
+  alone: it reads nothing that an exercise or a check made, directly or through
+  an earlier cell (make_lab refuses it otherwise: `engine_only_problems`). In the
+  lab it is the same code and also tagged `nbval-skip`, which only the tests
+  read: the run of the unsolved labs (tests/test_notebooks.py) skips it, since
+  the solution's run has just executed the same code on the same inputs. So is
+  every cell that needs what such a cell made; it must be tagged too. Reserve it
+  for experiments that cost seconds. (The check reads names only, so a cell that
+  reaches the learner's work another way, as the served engine of lab 11 does,
+  must not be tagged; one that mentions `my_engine` is refused.)
+
 Labs are written unexecuted (outputs cleared) with fixed notebook metadata, so
 regenerating them is byte-for-byte stable.
 
@@ -225,6 +236,49 @@ def has_tag(cell, tag: str) -> bool:
     return tag in cell.get("metadata", {}).get("tags", [])
 
 
+def _names(source: str) -> tuple[set[str], set[str], set[str]]:
+    """(names a cell reads without setting them, names it sets, names it imports),
+    from its Python (lines of shell escapes and magics left out). A rough reading:
+    a name the cell both sets and reads counts as set only."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("!", "%")))
+    loads, stores, imports = set(), set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (stores if isinstance(node.ctx, ast.Store) else loads).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stores.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return loads - stores - imports, stores, imports
+
+
+def engine_only_problems(nb) -> list[str]:
+    """Why the `engine-only` cells of `nb` could not be skipped in the unsolved lab:
+    one that reads a name an exercise or a check made (or a cell that read one),
+    or an untagged cell that reads a name only `engine-only` cells make."""
+    learners, skipped, problems = set(), set(), []  # names from the learner's work; only skipped cells make
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        reads, sets, imports = _names(cell.source)
+        if has_tag(cell, "engine-only"):
+            if reads & learners:
+                problems.append(f"cell {i} is tagged engine-only but reads {sorted(reads & learners)}, "
+                                "made from the learner's work")
+            if "my_engine" in cell.source:  # the learner's kept code, read from disk: no name shows it
+                problems.append(f"cell {i} is tagged engine-only but uses the learner's engine folder (my_engine)")
+            skipped |= sets
+        else:
+            if reads & skipped:
+                problems.append(f"cell {i} reads {sorted(reads & skipped)}, which only engine-only cells make: "
+                                "tag it engine-only too, or it fails where the unsolved lab skips them")
+            skipped -= sets | imports
+        learners -= sets | imports  # made again here (an import binds the library's object, whoever wrote it)
+        if has_tag(cell, "exercise") or has_tag(cell, "check") or reads & learners:
+            learners |= sets
+    return problems
+
+
 def stub_source(source: str, where: str) -> str:
     """Replace every BEGIN/END SOLUTION block with a stub that raises."""
     lines, out, inside = source.splitlines(), [], False
@@ -337,6 +391,8 @@ def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_na
     if repo is not None:
         add_colab_cells(lab, lab_name or where, repo)
     quiz_checks = {j for _, j in quiz_pairs(lab, where)}  # validates the quiz/check convention
+    if problems := engine_only_problems(lab):
+        raise ValueError(f"{where}: " + "; ".join(problems))
     for i, cell in enumerate(lab.cells):
         tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]  # a site-only tag
         cell.metadata = {"tags": list(tags)} if tags else {}
@@ -347,6 +403,8 @@ def make_lab(solution, where: str = "solution", repo: dict | None = None, lab_na
         if cell.cell_type != "code":
             continue
         cell.outputs, cell.execution_count = [], None
+        if "engine-only" in tags:  # the tests' unsolved run skips it: see the module's docstring
+            cell.metadata["tags"] = tags + ["nbval-skip"]
         if "exercise" in tags:
             cell.source = stub_source(cell.source, f"{where} cell {i}")
         elif "prediction" in tags or "quiz" in tags:

@@ -1,6 +1,7 @@
 """Shared fixtures. Nothing here touches the network: the default model comes
 from the pip-fetched package (see tinyinfer.weights), tiny models are built in-process."""
 import os
+import time
 
 import pytest
 
@@ -89,6 +90,22 @@ def pytest_runtest_setup(item):
         else:
             os.environ["OMP_NUM_THREADS"] = env
         torch.set_num_threads(threads)
+
+
+_STARTED = time.monotonic()  # when pytest read this file: the clock of the summary below
+
+
+def pytest_terminal_summary(terminalreporter):
+    """When each of the run's parallel parts finished, from the start of the run:
+    the part that ends last, alone on its core, is where a faster run starts."""
+    from test_book import _BUILD
+    from test_notebooks import FINISHED
+
+    ends = dict(FINISHED, **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
+    if ends:
+        ends["this process's tests"] = time.monotonic()
+        parts = ", ".join(f"{name} {end - _STARTED:.0f} s" for name, end in sorted(ends.items(), key=lambda e: e[1]))
+        terminalreporter.write_line(f"finished after: {parts}")
 
 
 def pytest_collection_modifyitems(items):

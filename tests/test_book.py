@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -81,7 +82,10 @@ def start_build(threads: str | None = None) -> None:
             return
         env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
         out = Path(tempfile.mkdtemp(prefix="tinyinfer-book-"))
-        _BUILDER.append(threading.Thread(target=lambda: _BUILD.update(_build(out, env)), daemon=True,
+        def build():
+            _BUILD.update(_build(out, env), finished=time.monotonic())
+
+        _BUILDER.append(threading.Thread(target=build, daemon=True,
                                          name="book build"))
         _BUILDER[0].start()
 

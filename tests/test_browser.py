@@ -40,7 +40,8 @@ INSTALL_HINT = ("install it with: apt-get install -y chromium (Debian/Ubuntu) an
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 60_000  # generous: the test machines are small and shared
-FULL_PAGE_SHOTS = bool(os.environ.get("SCREENSHOT_DIR"))  # see the docstring
+SCREENSHOT_DIR = os.environ.get("SCREENSHOT_DIR")  # set: someone will look at the shots
+FULL_PAGE_SHOTS = bool(SCREENSHOT_DIR)  # see the docstring
 PLOT = ".cell_output img"  # matplotlib figures: PNGs in cell outputs
 WIDGET = ".jupyter-widgets"  # what the widget manager draws
 
@@ -63,7 +64,7 @@ def unavailable(reason: str):
 
 @pytest.fixture(scope="module")
 def screenshots() -> Path:
-    folder = Path(os.environ.get("SCREENSHOT_DIR") or ROOT / "_build" / "screenshots")
+    folder = Path(SCREENSHOT_DIR or ROOT / "_build" / "screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -108,6 +108,42 @@ def test_malformed_exercise_cells_are_refused(bad):
         make_labs.stub_source(bad, "test")
 
 
+def _notebook(*cells):
+    """A solution notebook of (tags, source) code cells."""
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src, metadata={"tags": list(tags)})
+                                           for tags, src in cells])
+
+
+ENGINE_ONLY_EXERCISE = (["exercise"], "def f(x):\n    # BEGIN SOLUTION\n    return x\n    # END SOLUTION\n")
+ENGINE_ONLY_CHECK = (["check"], "ok = labcheck.check(f)")
+
+
+@pytest.mark.parametrize("cells, problem", [
+    ([(["engine-only"], "y = f(2)")], "reads ['f']"),  # the exercise itself
+    ([(["engine-only"], "y = 1 if ok else 2")], "reads ['ok']"),  # its check
+    ([([], "g = f if ok else labcheck.reference_f"), (["engine-only"], "y = g(2)")], "reads ['g']"),  # through a cell
+    ([(["engine-only"], "y = engine_run()"), ([], "print(y)")], "only engine-only cells make"),  # a dependent
+    ([(["engine-only"], "y = my_engine.load('f')(2)")], "the learner's engine folder"),  # from disk
+])
+def test_engine_only_cells_that_need_the_learners_work_are_refused(cells, problem):
+    """An engine-only cell is skipped in the unsolved lab's test run, so it may not
+    read what the learner made, nor may an untagged cell read what only it made."""
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        make_labs.make_lab(_notebook(ENGINE_ONLY_EXERCISE, ENGINE_ONLY_CHECK, *cells))
+
+
+def test_engine_only_cells_are_skipped_in_the_labs_test_run_only():
+    nb = _notebook(ENGINE_ONLY_EXERCISE, ENGINE_ONLY_CHECK, ([], "import math\nf = math.sqrt"),
+                   (["engine-only"], "results = {n: f(n) for n in range(3)}"),
+                   (["engine-only"], "print(results)"), ([], "print(f(4))"))
+    lab = make_labs.make_lab(nb)
+    assert [c.metadata.get("tags", []) for c in lab.cells[3:5]] == [["engine-only", "nbval-skip"]] * 2
+    assert [c.source for c in lab.cells[3:]] == [c.source for c in nb.cells[3:]]  # the learner's cells, unchanged
+    for path in SOLUTIONS:  # and the committed labs: each engine-only cell is skipped there
+        for cell in nbformat.read(ROOT / "labs" / path.name, as_version=4).cells:
+            assert ("engine-only" in cell.metadata.get("tags", [])) == ("nbval-skip" in cell.metadata.get("tags", []))
+
+
 # ------------------------------------- (b) each check passes on solution, fails on stub
 
 

@@ -10,7 +10,11 @@ with the one stored in the file:
 - labs/*.ipynb: a lab must run top to bottom in its unsolved state (stubs raise
   only when called, checks print ✗ instead of raising, and later labs fall back
   to the course's reference for a piece the learner has not kept). Labs store
-  no outputs, so they run lax (`--nbval-lax`: only errors fail). The book shows
+  no outputs, so they run lax (`--nbval-lax`: only errors fail). A cell tagged
+  `engine-only` in a solution is an experiment on the engine alone; its copy in
+  the lab is tagged `nbval-skip` and skipped here, since the solution's run has
+  executed the same code on the same inputs (scripts/make_labs.py refuses the
+  tag on a cell that reads anything the learner made). The book shows
   the solutions and does not execute them (_config.yml), so each notebook runs
   exactly once per `make test`, here.
 
@@ -37,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -71,13 +76,17 @@ def run_notebook(notebook: Path, mode: str, env: dict[str, str]) -> subprocess.C
         return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {NOTEBOOK_TIMEOUT_S} s")
 
 
-def _stream(jobs: list[tuple[Path, str]], env: dict[str, str]) -> None:
+FINISHED: dict[str, float] = {}  # stream -> when (time.monotonic()) its last notebook finished
+
+
+def _stream(jobs: list[tuple[Path, str]], env: dict[str, str], name: str) -> None:
     """Run one stream's notebooks in order, each result into its future."""
     for key in jobs:
         try:
             _RUNS[key].set_result(run_notebook(*key, env))
         except BaseException as e:  # noqa: BLE001 - the test that waits reports it
             _RUNS[key].set_exception(e)
+    FINISHED[name] = time.monotonic()
 
 
 def start_streams(selected: list[tuple[Path, str]], with_book: bool = False) -> None:
@@ -99,7 +108,8 @@ def start_streams(selected: list[tuple[Path, str]], with_book: bool = False) -> 
                 env["TINYINFER_MY_ENGINE"] = tempfile.mkdtemp(prefix="tinyinfer-unsolved-")
             for key in jobs:
                 _RUNS[key] = Future()
-            threading.Thread(target=_stream, args=(jobs, env), daemon=True, name=f"notebooks {mode}").start()
+            name = "solutions (strict)" if mode == "--nbval" else "labs (lax)"
+            threading.Thread(target=_stream, args=(jobs, env, name), daemon=True, name=f"notebooks {mode}").start()
         if with_book:
             from test_book import start_build  # tests/ is on sys.path, as for test_browser's import
 
