@@ -62,9 +62,18 @@ _RUNS: dict[tuple[Path, str], Future] = {}  # (notebook, mode) -> the finished s
 _LOCK = threading.Lock()
 
 
+# jsonschema imports rfc3987_syntax when it is installed (Jupyter's extras bring it
+# in), and that module builds a parser for IRIs as it is imported: 2 s of every
+# process that reads a notebook, since nbformat imports jsonschema. Nothing here
+# checks the syntax of an IRI, so each notebook's pytest starts with the module
+# marked absent (None in sys.modules: its import fails, as if it were not installed).
+PYTEST = [sys.executable, "-c", "import sys; sys.modules['rfc3987_syntax'] = None; "
+          "import pytest; raise SystemExit(pytest.main())"]
+
+
 def run_notebook(notebook: Path, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "pytest", str(notebook.relative_to(ROOT)), mode,
+        *PYTEST, str(notebook.relative_to(ROOT)), mode,
         "--nbval-sanitize-with", str(SANITIZE.relative_to(ROOT)),
         "--nbval-current-env",  # the kernel runs this interpreter, i.e. the venv
         f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
