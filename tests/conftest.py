@@ -50,16 +50,14 @@ def hf_model(default_model_dir):
 
 
 def pytest_collection_finish(session):
-    """Start the notebooks' streams (and the book's build, and a second process for
-    a few engine test files: tests/engine_stream.py) as soon as the run knows what
-    it selected, so they run beside the engine tests instead of after them: on a
-    two-core machine the engine tests alone leave much of the second core idle
-    (Python, small tensors, waits on servers). This process, and every
+    """Start the notebooks' streams (and the book's build) as soon as the run
+    knows what it selected, so they run beside the engine tests instead of after
+    them: on a two-core machine the engine tests alone leave much of the second
+    core idle (Python, small tensors, waits on servers). This process, and every
     process a test starts, then use one thread, as each stream does: OpenMP
     threads that spin waiting for a thread the OS has parked on a busy core
     made one benchmark test 14 times slower than alone."""
-    import engine_stream  # tests/ is on sys.path
-    from test_notebooks import _builds_book, _selected, start_streams
+    from test_notebooks import _builds_book, _selected, start_streams  # tests/ is on sys.path
 
     selected = _selected(session)
     if selected:
@@ -69,28 +67,6 @@ def pytest_collection_finish(session):
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
         torch.set_num_threads(1)
         start_streams(selected, with_book=_builds_book(session))
-        engine_stream.start(session.items, session.config)  # a few engine test files, in a process of their own
-
-
-def pytest_runtest_protocol(item, nextitem):
-    """An item that engine_stream moved to its own process is reported as it ran there."""
-    import engine_stream
-
-    return True if engine_stream.replay(item) else None
-
-
-def pytest_runtest_logreport(report):
-    """In engine_stream's process: each report goes back to the run that started it."""
-    import engine_stream
-
-    engine_stream.write_report(_CONFIG[0], report)
-
-
-_CONFIG: list = []  # this run's pytest config, for the hooks that are not handed it
-
-
-def pytest_configure(config):
-    _CONFIG.append(config)
 
 
 _ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once the streams are done
@@ -102,11 +78,10 @@ def pytest_runtest_setup(item):
     end on one busy core beside an idle one."""
     if not _ALONE:
         return
-    import engine_stream
     from test_book import build_finished
     from test_notebooks import streams_finished
 
-    if streams_finished() and build_finished() and engine_stream.finished():
+    if streams_finished() and build_finished():
         import torch
 
         env, threads = _ALONE.pop()
@@ -123,12 +98,10 @@ _STARTED = time.monotonic()  # when pytest read this file: the clock of the summ
 def pytest_terminal_summary(terminalreporter):
     """When each of the run's parallel parts finished, from the start of the run:
     the part that ends last, alone on its core, is where a faster run starts."""
-    import engine_stream
     from test_book import _BUILD
     from test_notebooks import FINISHED
 
-    ends = dict(FINISHED, **engine_stream.FINISHED,
-                **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
+    ends = dict(FINISHED, **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
     if ends:
         ends["this process's tests"] = time.monotonic()
         parts = ", ".join(f"{name} {end - _STARTED:.0f} s" for name, end in sorted(ends.items(), key=lambda e: e[1]))
@@ -136,15 +109,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(items):
-    """Run the slowest things last: engine tests, then those engine_stream may run in
-    a process of its own (this one only reports them, once that process has ended),
-    then notebooks, then the book build (the other process, the notebooks and the
-    build themselves start at once: pytest_collection_finish)."""
-    from engine_stream import moves
-
+    """Run the slowest things last: engine tests, then notebooks, then the book build
+    (the notebooks and the build themselves start at once: pytest_collection_finish)."""
     def rank(item):
-        if item.get_closest_marker("book"):
-            return 3
-        return 2 if item.get_closest_marker("notebooks") else 1 if moves(item.nodeid) else 0
+        return 2 if item.get_closest_marker("book") else 1 if item.get_closest_marker("notebooks") else 0
 
     items.sort(key=rank)  # stable sort keeps pytest's order within each group
