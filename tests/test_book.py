@@ -74,17 +74,16 @@ _BUILDER: list[threading.Thread] = []  # the thread that runs it, once started
 _LOCK = threading.Lock()
 
 
-def start_build(threads: str | None = None, nice: int = 0) -> None:
+def start_build(threads: str | None = None) -> None:
     """Start the one build of this pytest run in a background thread (once);
-    threads: OMP_NUM_THREADS for it, when it shares the cores with other work;
-    nice: how many levels below this process's priority it runs (`nice -n`, where there is one)."""
+    threads: OMP_NUM_THREADS for it, when it shares the cores with other work."""
     with _LOCK:
         if _BUILDER:
             return
         env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
         out = Path(tempfile.mkdtemp(prefix="tinyinfer-book-"))
         def build():
-            _BUILD.update(_build(out, env, nice), finished=time.monotonic())
+            _BUILD.update(_build(out, env), finished=time.monotonic())
 
         _BUILDER.append(threading.Thread(target=build, daemon=True,
                                          name="book build"))
@@ -108,14 +107,12 @@ def build_book(tmp_path_factory=None) -> Path:
     return _BUILD["html"]
 
 
-def _build(out: Path, env: dict[str, str], nice: int = 0) -> dict[str, object]:
+def _build(out: Path, env: dict[str, str]) -> dict[str, object]:
     vendor = [sys.executable, str(ROOT / "scripts" / "vendor_js.py")]
     proc = subprocess.run(vendor, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return {"error": f"{' '.join(vendor)}\nexit code {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"}
     cmd = [jupyter_book(), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
-    if nice and shutil.which("nice"):  # the build's kernels inherit the lower priority
-        cmd = ["nice", "-n", str(nice), *cmd]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -58,8 +58,6 @@ CASES = [pytest.param(p, "--nbval", id=f"strict:{p.relative_to(ROOT)}")
 CASES += [pytest.param(p, "--nbval-lax", id=f"lax:{p.relative_to(ROOT)}")
           for p in sorted((ROOT / "labs").glob("*.ipynb"))]
 
-BOOK_NICE = 4  # each nice level is ~1.25x less CPU share under contention: nice 4 is ~0.4x
-
 _RUNS: dict[tuple[Path, str], Future] = {}  # (notebook, mode) -> the finished subprocess
 _LOCK = threading.Lock()
 
@@ -124,10 +122,7 @@ def start_streams(selected: list[tuple[Path, str]], with_book: bool = False) -> 
         if with_book:
             from test_book import start_build  # tests/ is on sys.path, as for test_browser's import
 
-            # At a lower priority: the build has the most slack (on two AVX2 cores it
-            # ended ~390 s before the engine tests, which then ran alone on one
-            # core), so it takes the CPU the others leave and they end sooner.
-            start_build(threads="1", nice=BOOK_NICE)
+            start_build(threads="1")
 
 
 def streams_finished() -> bool:
