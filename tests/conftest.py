@@ -16,6 +16,26 @@ if "TINYINFER_MY_ENGINE" not in os.environ:
     os.environ["TINYINFER_MY_ENGINE"] = tempfile.mkdtemp(prefix="tinyinfer-my-engine-")
 
 
+def inductor_cache_dir(environ) -> str | None:
+    """The folder torch.compile's caches should use under `environ`, or None for
+    torch's default. Inductor generates C++ for the vector ISA ATEN_CPU_CAPABILITY
+    names, but its on-disk cache (torch 2.13) does not key on it: a graph compiled
+    under ATEN_CPU_CAPABILITY=avx2 and then loaded with native kernels aborts, and
+    the other way round it wrote [314, 0, 0, ...] for [314, 314, ...]. So each
+    emulated CPU (make test-portable) keeps a cache of its own."""
+    capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if "TORCHINDUCTOR_CACHE_DIR" in environ or not capability:
+        return None
+    import getpass
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{capability}")
+
+
+if (_cache := inductor_cache_dir(os.environ)) is not None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache  # notebooks' kernels inherit it
+
+
 @pytest.fixture(scope="session")
 def default_model_dir():
     from tinyinfer.weights import ensure_packaged_model

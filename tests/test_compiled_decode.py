@@ -57,3 +57,12 @@ def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(tiny_dir):
         got = engine.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
     assert got == eager.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
     assert engine.runner.enforce_eager  # later steps do not try again
+
+
+def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():
+    from conftest import inductor_cache_dir  # tests/ is on sys.path
+
+    assert inductor_cache_dir({}) is None  # native kernels: torch's default folder
+    avx2, default = inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2"}), inductor_cache_dir({"ATEN_CPU_CAPABILITY": "default"})
+    assert None not in (avx2, default) and avx2 != default
+    assert inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/x"}) is None  # the user's choice wins
