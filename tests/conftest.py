@@ -7,6 +7,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a failed Hub lookup would cost ~50 s
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# torch.compile's C++ builds in this process, not in a pool of worker processes:
+# the run gives each of its parts one thread, and on two shared cores the pool's
+# start-up (each worker imports torch) cost more than it saved (cold compile of
+# the tiny model: 45 s with the pool, 38 s without, one thread, quiet machine).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # The labs keep each passing exercise in the learner's engine folder
 # (tinyinfer.labcheck.my_engine), ~/tinyinfer-my-engine by default. Notebooks run
 # by the tests (in subprocesses, which inherit this) write to a folder of their own.
