@@ -31,10 +31,9 @@ def inductor_cache_dir(environ) -> str | None:
     capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if "TORCHINDUCTOR_CACHE_DIR" in environ or not capability:
         return None
-    import getpass
-    import tempfile
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # torch's own name for the folder
 
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{capability}")
+    return f"{default_cache_dir()}_{capability}"
 
 
 if (_cache := inductor_cache_dir(os.environ)) is not None:

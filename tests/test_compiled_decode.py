@@ -63,6 +63,8 @@ def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():
     from conftest import inductor_cache_dir  # tests/ is on sys.path
 
     assert inductor_cache_dir({}) is None  # native kernels: torch's default folder
-    avx2, default = inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2"}), inductor_cache_dir({"ATEN_CPU_CAPABILITY": "default"})
+    avx2 = inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2"})
+    default = inductor_cache_dir({"ATEN_CPU_CAPABILITY": "default"})
     assert None not in (avx2, default) and avx2 != default
-    assert inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/x"}) is None  # the user's choice wins
+    user_set = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/x"}
+    assert inductor_cache_dir(user_set) is None  # the user's choice wins
