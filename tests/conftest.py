@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+import background  # tests/ is on sys.path: pytest puts a conftest's folder there before importing it
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a failed Hub lookup would cost ~50 s
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # torch.compile's C++ builds in this process, not in a pool of worker processes:
@@ -91,6 +93,7 @@ def pytest_collection_finish(session):
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
         torch.set_num_threads(1)
         start_streams(selected, with_book=_builds_book(session))
+        background.start([item.nodeid for item in session.items if background.moves(item.nodeid)], dict(os.environ))
 
 
 _ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once the streams are done
@@ -125,7 +128,7 @@ def pytest_terminal_summary(terminalreporter):
     from test_book import _BUILD
     from test_notebooks import FINISHED
 
-    ends = dict(FINISHED, **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
+    ends = dict(FINISHED, **background.FINISHED, **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
     if ends:
         ends["this process's tests"] = time.monotonic()
         parts = ", ".join(f"{name} {end - _STARTED:.0f} s" for name, end in sorted(ends.items(), key=lambda e: e[1]))
@@ -134,8 +137,27 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_collection_modifyitems(items):
     """Run the slowest things last: engine tests, then notebooks, then the book build
-    (the notebooks and the build themselves start at once: pytest_collection_finish)."""
+    (the notebooks and the build themselves start at once: pytest_collection_finish).
+    In a run with notebooks, the tests that move to the background run (background.py)
+    wait for it just before the notebooks."""
+    full = any(item.get_closest_marker("notebooks") for item in items)
+
     def rank(item):
-        return 2 if item.get_closest_marker("book") else 1 if item.get_closest_marker("notebooks") else 0
+        if item.get_closest_marker("book"):
+            return 3
+        return 2 if item.get_closest_marker("notebooks") else 1 if full and background.moves(item.nodeid) else 0
 
     items.sort(key=rank)  # stable sort keeps pytest's order within each group
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test the background run ran: its outcome there, instead of a second run here."""
+    if background.runs_elsewhere(pyfuncitem.nodeid):
+        background.replay(pyfuncitem.nodeid)
+        return True
+    return None
+
+
+def pytest_runtest_logreport(report):
+    background.record(report)  # only in the background run itself
