@@ -136,16 +136,19 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(items):
-    """Run the slowest things last: engine tests, then notebooks, then the book build
-    (the notebooks and the build themselves start at once: pytest_collection_finish).
-    In a run with notebooks, the tests that move to the background run (background.py)
-    wait for it just before the notebooks."""
+    """Run what waits on the parts started at collection (pytest_collection_finish)
+    after the engine tests, in the order those parts end: the tests the background
+    run ran (background.py), then the book's checks and the browser's (the build ends
+    first), then the notebooks. The book's checks come before the notebooks so that
+    they run beside the notebook streams, not alone after them (minutes of one core)."""
     full = any(item.get_closest_marker("notebooks") for item in items)
 
     def rank(item):
-        if item.get_closest_marker("book"):
+        if item.get_closest_marker("notebooks"):
             return 3
-        return 2 if item.get_closest_marker("notebooks") else 1 if full and background.moves(item.nodeid) else 0
+        if item.get_closest_marker("book"):
+            return 2
+        return 1 if full and background.moves(item.nodeid) else 0
 
     items.sort(key=rank)  # stable sort keeps pytest's order within each group
 
