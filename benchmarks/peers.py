@@ -104,7 +104,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", default=DEFAULT_ENGINES,
                     help=f"comma-separated keys or groups (default {DEFAULT_ENGINES}; 'all' adds "
-                         "tinyinfer-bf16-compiled): " + ", ".join(PEERS))
+                         "the compiled rows, tinyinfer-bf16-compiled and tinyinfer-int4-compiled): " + ", ".join(PEERS))
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--num-prompts", default=None, help="requests per run, one per concurrency "
                                                         "(default 4, 16, 32 for 1, 8, 32; else max(4, c))")

@@ -227,7 +227,8 @@ def test_engine_selection_and_arguments():
     import peers as script
 
     assert peer_servers.select("vllm,tinyinfer-bf16") == ["tinyinfer-bf16", "vllm-bf16", "vllm-fp32"]
-    assert "tinyinfer-bf16-compiled" in peer_servers.select("all")
+    assert {"tinyinfer-bf16-compiled", "tinyinfer-int4-compiled"} <= set(peer_servers.select("all"))
+    assert "tinyinfer-int4-compiled" not in peer_servers.select("tinyinfer")  # each compile costs minutes
     with pytest.raises(ValueError, match="unknown engine 'llamacpp'"):
         peer_servers.select("llamacpp")
     args = script.parse_args(["--engines", "llama.cpp", "--concurrency", "1,8,4"])
