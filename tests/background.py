@@ -5,12 +5,13 @@ A full run is several parts side by side on two cores: the two notebook streams,
 the book's build and this process's engine tests (tests/test_notebooks.py). The
 engine tests are the most work of the four, so they ended last, alone on one
 core for minutes. The files in BACKGROUND move to a fifth part that starts with
-the others: torch.compile's cold build of the tiny model (test_compiled_decode)
-is minutes of C++ compiling on a shared core, and none of it needs this process.
+the others: torch.compile's cold build of the tiny model (test_compiled_decode,
+minutes of C++ compiling on a shared core), the decode benchmark's run, and the
+parity checks against transformers. None of them needs anything of this process.
 
 Each moved test keeps its place in this run's report: when its turn comes, it
 waits for the background run and passes, fails or skips as the test did there
-(conftest.pytest_pyfunc_call). Its reported duration is then that wait. Run the
+(conftest.pytest_pyfunc_call). Its reported duration is then that wait. Run a
 file by itself (`pytest tests/test_compiled_decode.py`) and it runs here as usual.
 """
 from __future__ import annotations
@@ -27,7 +28,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKGROUND = ("tests/test_compiled_decode.py",)  # what moves: the longest file that shares nothing
+# What moves: files of long tests that share nothing with this process, about a
+# third of its work (the engine tests ended over 2 minutes after the streams before
+# the last two moved: 795 against 667 s under AVX2 emulation).
+BACKGROUND = ("tests/test_compiled_decode.py", "tests/test_decode_benchmark.py", "tests/test_engine_parity.py")
 OUTCOMES = "TINYINFER_TEST_OUTCOMES"  # set in the background run: where it writes each test's outcome
 TIMEOUT_S = 1200
 
@@ -41,12 +45,16 @@ def moves(nodeid: str) -> bool:
     return nodeid.startswith(BACKGROUND)
 
 
-def start(nodeids: list[str], env: dict[str, str]) -> None:
-    """Run these tests in a pytest subprocess, in a thread of this one (once)."""
-    if _RUN or not nodeids:
+def start(items: list, env: dict[str, str]) -> None:
+    """Run these tests in a pytest subprocess, in a thread of this one (once).
+    Here they set up nothing: their fixtures are made where they run."""
+    if _RUN or not items:
         return
     from test_notebooks import PYTEST  # tests/ is on sys.path; the same quick-start pytest
 
+    nodeids = [item.nodeid for item in items]
+    for item in items:
+        item.setup = lambda: None  # pytest calls item.setup() to fill the test's fixtures
     _MOVED.update(nodeids)
     outcomes = tempfile.mkstemp(prefix="tinyinfer-outcomes-", suffix=".jsonl")[1]
     cmd = [*PYTEST, *nodeids, "-p", "no:cacheprovider", "-q", "--no-header"]

@@ -93,7 +93,7 @@ def pytest_collection_finish(session):
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
         torch.set_num_threads(1)
         start_streams(selected, with_book=_builds_book(session))
-        background.start([item.nodeid for item in session.items if background.moves(item.nodeid)], dict(os.environ))
+        background.start([item for item in session.items if background.moves(item.nodeid)], dict(os.environ))
 
 
 _ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once the streams are done
