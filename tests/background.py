@@ -74,6 +74,11 @@ def start(items: list, env: dict[str, str]) -> None:
     threading.Thread(target=run, daemon=True, name="engine tests (background)").start()
 
 
+def finished() -> bool:
+    """Whether the background run has ended (True if none was started)."""
+    return all(run.done() for run in _RUN)
+
+
 def runs_elsewhere(nodeid: str) -> bool:
     return nodeid in _MOVED
 

@@ -100,15 +100,15 @@ _ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once
 
 
 def pytest_runtest_setup(item):
-    """Once the streams and the book's build have finished, the tests still to run
-    have the machine to themselves: give them its threads back, so the run does not
-    end on one busy core beside an idle one."""
+    """Once the streams, the book's build and the background run have finished,
+    the tests still to run have the machine to themselves: give them its threads
+    back, so the run does not end on one busy core beside an idle one."""
     if not _ALONE:
         return
     from test_book import build_finished
     from test_notebooks import streams_finished
 
-    if streams_finished() and build_finished():
+    if streams_finished() and build_finished() and background.finished():
         import torch
 
         env, threads = _ALONE.pop()
