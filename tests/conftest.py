@@ -5,8 +5,6 @@ import time
 
 import pytest
 
-import background  # tests/ is on sys.path: pytest puts a conftest's folder there before importing it
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a failed Hub lookup would cost ~50 s
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # torch.compile's C++ builds in this process, not in a pool of worker processes:
@@ -93,22 +91,21 @@ def pytest_collection_finish(session):
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
         torch.set_num_threads(1)
         start_streams(selected, with_book=_builds_book(session))
-        background.start([item for item in session.items if background.moves(item.nodeid)], dict(os.environ))
 
 
 _ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once the streams are done
 
 
 def pytest_runtest_setup(item):
-    """Once the streams, the book's build and the background run have finished,
-    the tests still to run have the machine to themselves: give them its threads
-    back, so the run does not end on one busy core beside an idle one."""
+    """Once the streams and the book's build have finished, the tests still to run
+    have the machine to themselves: give them its threads back, so the run does not
+    end on one busy core beside an idle one."""
     if not _ALONE:
         return
     from test_book import build_finished
     from test_notebooks import streams_finished
 
-    if streams_finished() and build_finished() and background.finished():
+    if streams_finished() and build_finished():
         import torch
 
         env, threads = _ALONE.pop()
@@ -128,7 +125,7 @@ def pytest_terminal_summary(terminalreporter):
     from test_book import _BUILD
     from test_notebooks import FINISHED
 
-    ends = dict(FINISHED, **background.FINISHED, **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
+    ends = dict(FINISHED, **({"book build": _BUILD["finished"]} if "finished" in _BUILD else {}))
     if ends:
         ends["this process's tests"] = time.monotonic()
         parts = ", ".join(f"{name} {end - _STARTED:.0f} s" for name, end in sorted(ends.items(), key=lambda e: e[1]))
@@ -136,31 +133,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(items):
-    """Run what waits on the parts started at collection (pytest_collection_finish)
-    after the engine tests, in the order those parts end: the tests the background
-    run ran (background.py), then the book's checks and the browser's (the build ends
-    first), then the notebooks. The book's checks come before the notebooks so that
-    they run beside the notebook streams, not alone after them (minutes of one core)."""
-    full = any(item.get_closest_marker("notebooks") for item in items)
-
+    """Run the slowest things last: engine tests, then notebooks, then the book build
+    (the notebooks and the build themselves start at once: pytest_collection_finish)."""
     def rank(item):
-        if item.get_closest_marker("notebooks"):
-            return 3
-        if item.get_closest_marker("book"):
-            return 2
-        return 1 if full and background.moves(item.nodeid) else 0
+        return 2 if item.get_closest_marker("book") else 1 if item.get_closest_marker("notebooks") else 0
 
     items.sort(key=rank)  # stable sort keeps pytest's order within each group
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    """A test the background run ran: its outcome there, instead of a second run here."""
-    if background.runs_elsewhere(pyfuncitem.nodeid):
-        background.replay(pyfuncitem.nodeid)
-        return True
-    return None
-
-
-def pytest_runtest_logreport(report):
-    background.record(report)  # only in the background run itself

@@ -32,9 +32,7 @@ CPU and at any thread count, so one thread changes nothing they compare.
 The streams start as soon as collection ends (conftest.pytest_collection_finish),
 with only the notebooks this pytest run selected, and run beside the engine
 tests, which then use one thread too. When the run also builds the book
-(tests/test_book.py), its build starts then as well, a third stream of one thread,
-and so does a pytest process of its own for the engine tests that need nothing of
-this one (tests/background.py: torch.compile's cold build).
+(tests/test_book.py), its build starts then as well, a third stream of one thread.
 """
 from __future__ import annotations
 
