@@ -262,3 +262,20 @@ def test_quantized_perplexity_is_bounded_against_fp32(fresh_llm):
     assert ppl["int4", 32] == pytest.approx(fp32, rel=2e-3)  # lossless: see the docstring
     assert ppl["int8", 128] == pytest.approx(fp32, rel=0.03)  # 8 bits per weight: within 3%
     assert fp32 * 1.05 < ppl["int4", 128] < fp32 * 2  # real loss, but bounded
+
+
+@pytest.mark.parametrize("kind,dtype,limit", [("int4", torch.bfloat16, 64), ("int8", torch.bfloat16, 16),
+                                              ("int4", torch.float32, 4), ("int8", torch.float32, 4)])
+def test_the_packed_kernel_serves_up_to_its_row_limit(kind, dtype, limit):
+    """Decode-sized batches take the packed kernel; one row more takes the
+    reference path (each limit is where the kernel stopped winning: quant.KERNEL_MAX_ROWS)."""
+    from tinyinfer import quant
+
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)).to(dtype)
+    layer = Int4Linear.from_weight(w, group_size=32) if kind == "int4" else Int8Linear.from_weight(w)
+    if not layer.has_layout():
+        pytest.skip(f"torch has no packed {kind} kernel for {dtype} here")
+    assert quant.KERNEL_MAX_ROWS[kind, dtype] == limit
+    assert quant._kernel_serves(torch.zeros(limit, 128, dtype=dtype), layer)
+    assert quant._kernel_serves(torch.zeros(2, limit // 2, 128, dtype=dtype), layer)  # rows, whatever the shape
+    assert not quant._kernel_serves(torch.zeros(limit + 1, 128, dtype=dtype), layer)

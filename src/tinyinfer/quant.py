@@ -40,12 +40,23 @@ META_DTYPE = torch.float16  # INT4 scales and zeros: 2 bytes each, as in GGUF's 
 # torch's packed CPU kernels are matrix-vector kernels: their time grows with
 # every row, while de-quantize-then-matmul pays a fixed cost (expanding the whole
 # weight) and then multiplies rows cheaply. So the kernels serve decode-sized
-# batches and a prompt's rows take the reference path. Where they cross, measured
-# on SmolLM2's INT4 g32 layers with bf16 rows (2 cores): about 128 rows on an
-# AVX-512 EPYC and above 128 under AVX2; at 32 rows the kernel took 0.4-0.7x the
-# reference's time. A limit of 16 sent every decode step of 17-64 sequences down
-# the slow path (batch-32 decode ran at 155 tok/s instead of 384).
-KERNEL_MAX_ROWS = 64
+# batches, and a prompt's rows take the reference path. Where the two cross
+# depends on the kernel and the activation dtype. Measured on SmolLM2's
+# layers (576x3072 and 1536x576, 2 cores, AVX-512 EPYC), the kernel's time as a
+# fraction of the reference's:
+#   rows:               1     4    16    32    64   128
+#   INT4 g32, bf16   0.04  0.07  0.18  0.35  0.63  0.98   (under AVX2: 0.4 at 32)
+#   INT8, bf16       0.16  0.24  0.81  1.23  1.69  2.91
+#   INT4 g32, fp32   0.14  0.51  1.90  3.55   ...         (576x3072)
+#   INT8, fp32       0.14  0.67  2.57  4.02   ...         (576x3072)
+# Each limit below is the last batch size at which the kernel still won. (One
+# limit of 16 for all sent INT4 decode steps of 17-64 sequences down the slow
+# path, and fp32 prompts of 5-16 rows into a kernel 2-20x slower.)
+# fp16 takes bf16's limits (the same width; not measured here). A dtype not
+# listed never takes a kernel.
+KERNEL_MAX_ROWS = {("int4", torch.bfloat16): 64, ("int4", torch.float16): 64,
+                   ("int8", torch.bfloat16): 16, ("int8", torch.float16): 16,
+                   ("int4", torch.float32): 4, ("int8", torch.float32): 4}
 
 
 # ----------------------------------------------------------------- INT8
@@ -183,9 +194,11 @@ class QuantizedLinear(PackedModule):
 
 def _kernel_serves(x: torch.Tensor, layer) -> bool:
     """Can the layer's packed kernel take this input? Its layout's dtype, a
-    decode-sized batch, and no gradient wanted (the kernels have no backward)."""
+    decode-sized batch (KERNEL_MAX_ROWS for this kernel and dtype), and no
+    gradient wanted (the kernels have no backward)."""
+    max_rows = KERNEL_MAX_ROWS.get((layer.KIND, x.dtype), 0)
     return (x.dtype is layer.kernel_dtype and x.device == layer.weight.device
-            and x.numel() // layer.in_features <= KERNEL_MAX_ROWS and not wants_grad(x))
+            and x.numel() // layer.in_features <= max_rows and not wants_grad(x))
 
 
 def _reference_linear(x: torch.Tensor, dequantize) -> torch.Tensor:
