@@ -87,8 +87,10 @@ def hf_greedy(hf_model, ids, n):
     return _hf_greedy_cache[key]
 
 
+# Alone: the shortest prompt and the 500-token one. The batch test below
+# compares every prompt, these two included, with transformers' output for it alone.
 @pytest.mark.slow
-@pytest.mark.parametrize("prompt", PROMPTS, ids=["france", "code", "poem", "long"])
+@pytest.mark.parametrize("prompt", [PROMPTS[0], PROMPTS[3]], ids=["france", "long"])
 def test_greedy_64_tokens_match_transformers_generate(llm, hf_model, prompt):
     out = llm.generate([prompt], SamplingParams(max_tokens=64, temperature=0))[0]
     ref = hf_greedy(hf_model, out.prompt_token_ids, 64)
