@@ -1,7 +1,8 @@
 """A small random Llama (2 layers unless asked) with the default model's
 tokenizer, saved as a model folder the engine loads: the engine's code paths at
-a fraction of the real model's cost. One builder for the tests' tiny models (conftest's tiny_dir, and
-the server tests' variants with longer positions or a chat template)."""
+a fraction of the real model's cost. One builder for the tests' tiny models
+(conftest's tiny_dir, the server tests' variants with longer positions or a chat
+template, and the compiled-decode test's single layer)."""
 from __future__ import annotations
 
 import shutil

@@ -41,17 +41,20 @@ META_DTYPE = torch.float16  # INT4 scales and zeros: 2 bytes each, as in GGUF's 
 # every row, while de-quantize-then-matmul pays a fixed cost (expanding the whole
 # weight) and then multiplies rows cheaply. So the kernels serve decode-sized
 # batches, and a prompt's rows take the reference path. Where the two cross
-# depends on the kernel and the activation dtype. Measured on SmolLM2's
-# layers (576x3072 and 1536x576, 2 cores, AVX-512 EPYC), the kernel's time as a
-# fraction of the reference's:
-#   rows:               1     4    16    32    64   128
-#   INT4 g32, bf16   0.04  0.07  0.18  0.35  0.63  0.98   (under AVX2: 0.4 at 32)
-#   INT8, bf16       0.16  0.24  0.81  1.23  1.69  2.91
-#   INT4 g32, fp32   0.14  0.51  1.90  3.55   ...         (576x3072)
-#   INT8, fp32       0.14  0.67  2.57  4.02   ...         (576x3072)
-# Each limit below is the last batch size at which the kernel still won. (One
-# limit of 16 for all sent INT4 decode steps of 17-64 sequences down the slow
-# path, and fp32 prompts of 5-16 rows into a kernel 2-20x slower.)
+# depends on the kernel and the activation dtype. Measured on SmolLM2's 576x3072
+# layer (gate and up; 2 cores, AVX-512 EPYC), the kernel's time as a fraction of
+# the reference's:
+#   rows:               1     4     8    16    32    64   128
+#   INT4 g32, bf16   0.04  0.07  0.09  0.18  0.35  0.63  0.98
+#   INT8, bf16       0.16  0.24  0.49  0.81  1.23  1.69  2.91
+#   INT4 g32, fp32   0.14  0.51  0.92  1.90  3.55  6.49  14.3
+#   INT8, fp32       0.14  0.67  1.34  2.57  4.02  27.9  39.0
+# The 1536x576 layer (down) crosses at about the same rows in bf16; in fp32 its
+# kernels lose even at one row (1.3-2.3x). Under AVX2, INT4 bf16 at 32 rows took
+# 0.13-0.61x the reference's time. Each limit below is the largest power of two
+# at which the kernel clearly won (at most 0.9x) on the larger layer. (One limit
+# of 16 for all sent INT4 decode steps of 17-64 sequences down the slow path,
+# and fp32 prompts of 5-16 rows into a kernel 2-20x slower.)
 # fp16 takes bf16's limits (the same width; not measured here). A dtype not
 # listed never takes a kernel.
 KERNEL_MAX_ROWS = {("int4", torch.bfloat16): 64, ("int4", torch.float16): 64,
