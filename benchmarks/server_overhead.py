@@ -1,6 +1,7 @@
 """What does serving add to the engine? The same request, offline and over HTTP, in one run.
 
     python benchmarks/server_overhead.py [--rounds 5] [--prompt-len 128] [--max-tokens 64] [--dtype bfloat16]
+                                         [--quantization int4 --group-size 32] [--compile]
                                          [--modes process,thread] [--before-src DIR]
 
 For each round, one request of `prompt-len` prompt token ids asking for
@@ -118,6 +119,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=None, help="torch threads, here and in the servers")
+    ap.add_argument("--quantization", default=None, help="int8 or int4, here and in the servers")
+    ap.add_argument("--group-size", type=int, default=32, help="weights per INT4 scale")
+    ap.add_argument("--compile", action="store_true", help="decode steps compiled (--no-enforce-eager)")
     ap.add_argument("--modes", default="process,thread", help="server modes to measure: process, thread")
     ap.add_argument("--before-src", default=None, help="also serve from this checkout's src/ (row 'before')")
     args = ap.parse_args()
@@ -125,20 +129,23 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    engine = LLMEngine(MODEL, dtype=args.dtype, device="cpu")
+    engine = LLMEngine(MODEL, dtype=args.dtype, device="cpu", quantization=args.quantization,
+                       group_size=args.group_size if args.quantization else 128, enforce_eager=not args.compile)
     rows = {"offline": []}
     servers = {}
-    flags = {"process": [], "thread": ["--no-engine-process"]}
+    common = (["--quantization", args.quantization, "--group-size", str(args.group_size)] if args.quantization
+              else []) + (["--no-enforce-eager"] if args.compile else [])
+    flags = {"process": common, "thread": [*common, "--no-engine-process"]}
     with contextlib.ExitStack() as stack:
         for mode in [m for m in args.modes.split(",") if m]:
             servers[mode] = stack.enter_context(serve_tinyinfer(MODEL, args.dtype, threads, flags[mode]))
         if args.before_src:
-            servers["before"] = stack.enter_context(serve_tinyinfer(MODEL, args.dtype, threads, [],
+            servers["before"] = stack.enter_context(serve_tinyinfer(MODEL, args.dtype, threads, common,
                                                             pythonpath=os.path.join(args.before_src, "src")))
         rows.update({name: [] for name in servers})
         with httpx.Client(timeout=300, trust_env=False) as client:
             warm = prompt_ids(engine, args.prompt_len, seed=10_000)
-            offline(engine, warm, 8)
+            offline(engine, warm, 8)  # with --compile, the first decode steps compile (about a minute each)
             for url in servers.values():
                 served(client, url, warm, 8)
             for r in range(args.rounds):
@@ -156,7 +163,9 @@ def report(rows: dict, args, threads: int) -> None:
     step = [median_gap(t) for _, t, _ in rows["offline"]]
     ttft = [t for t, _, _ in rows["offline"]]
     inside = [m for _, _, m in rows["offline"]]
-    print(f"\n{args.prompt_len} prompt token ids, {args.max_tokens} greedy tokens, {args.dtype}, torch threads "
+    fmt = args.dtype + (f", {args.quantization}" + (f" g{args.group_size}" if args.quantization == "int4" else "")
+                        if args.quantization else "") + (", compiled" if args.compile else ", eager")
+    print(f"\n{args.prompt_len} prompt token ids, {args.max_tokens} greedy tokens, {fmt}, torch threads "
           f"{threads}, {args.rounds} rounds (median over rounds; [min, max] of the per-round figure)\n")
     print("| run | TTFT | median gap between tokens | gap / offline step | TTFT - offline TTFT "
           "| mean time inside step() |")

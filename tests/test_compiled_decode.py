@@ -1,6 +1,8 @@
 """enforce_eager=False: decode steps run a torch.compile'd model and must write
 exactly the tokens the eager engine writes (greedy, fp32), at batch 1 and in a
-batch whose sequences have different lengths (the masked decode path).
+batch whose sequences have different lengths (the masked decode path). The
+engine compiles every kind of decode step when it is built, so that no request
+waits for a compile: generating afterwards compiles nothing.
 
 The engines here run a 1-layer random model: the code paths are the real
 model's, and the compiles take seconds instead of minutes (a compiled graph's
@@ -30,8 +32,11 @@ def test_enforce_eager_is_checked_before_loading():
 
 @pytest.mark.slow
 def test_compiled_decode_writes_the_eager_tokens(one_layer_dir):
+    from torch._dynamo.utils import counters
+
     eager = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64)
     compiled = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
+    graphs = counters["stats"]["unique_graphs"]  # compiled when the engine was built
     runner = compiled.runner
     batch_sizes = []  # batch size of every step that ran the compiled model
     execute, compiled_model = runner.execute_model, runner.compiled_model
@@ -42,29 +47,32 @@ def test_compiled_decode_writes_the_eager_tokens(one_layer_dir):
 
     runner.execute_model = spy_execute
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    for prompts in (PROMPTS[:1], PROMPTS):
+    batches = (PROMPTS[:1], PROMPTS, PROMPTS[:1] * 4)  # batch 1; unequal lengths; 4 equal ones
+    for prompts in batches:
         want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
         got = [o.outputs[0].token_ids for o in compiled.generate(prompts, params)]
         assert got == want, prompts
-    # Every decode step compiled, prefills eager: 7 steps at batch 1, then 7 at batch 2.
-    assert batch_sizes == [1] * 7 + [2] * 7
+    # Every decode step compiled, prefills eager: 7 steps at batch 1, then 7 at 2, 7 at 4.
+    assert batch_sizes == [1] * 7 + [2] * 7 + [4] * 7
+    assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # nothing compiled mid-request
 
 
 @pytest.mark.slow
-def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(one_layer_dir):
+def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(one_layer_dir, monkeypatch):
     import torch
 
     def no_compiler(gm, example_inputs):  # stands in for a machine without a C++ compiler
         raise RuntimeError("no C++ compiler found")
 
     eager = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64)
-    engine = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
-    engine.runner._compiled_model = torch.compile(engine.runner.model, backend=no_compiler)
-    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend=no_compiler))
     with pytest.warns(RuntimeWarning, match="torch.compile failed.*no C\\+\\+ compiler"):
-        got = engine.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
+        engine = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
+    assert engine.runner.enforce_eager  # the engine carries on eagerly; steps do not try again
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    got = engine.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
     assert got == eager.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
-    assert engine.runner.enforce_eager  # later steps do not try again
 
 
 def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():

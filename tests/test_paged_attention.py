@@ -80,9 +80,11 @@ def test_decodes_are_bucketed_by_context_length():
     assert sorted((g.num_keys, g.num_seqs) for g in meta.groups) == [(6, 2), (17, 1), (40, 2)]
 
 
-def test_uniform_decodes_and_fresh_prompts_need_no_mask():
+def test_one_decode_and_fresh_prompts_need_no_mask():
     _, _, meta = run_step([(13, 1)])
     assert meta.groups[0].mask is None
+    _, _, meta = run_step([(13, 1), (13, 1)])  # a batch keeps its mask, all True: one compiled kind
+    assert meta.groups[0].mask is not None and bool(meta.groups[0].mask.all())
     _, _, meta = run_step([(10, 10)])
     assert meta.groups[0].mask is None and meta.groups[0].is_causal
     _, _, meta = run_step([(12, 5)])

@@ -141,7 +141,7 @@ class EngineConfig:
     quantization: str | None = _opt(None, "weight-only quantization: int8, int4 (default: none)")
     group_size: int = _opt(128, "weights per scale for int4")
     enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile: faster "
-                                     "steps after about a minute of compiling on the first requests")
+                                     "steps, after a minute or two of compiling when the engine starts")
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -115,14 +115,41 @@ class ModelRunner:
         attention group): the steady state of generation, and the step that is
         run hundreds of times. A compiled graph is specialised to the Python
         branches it took (query lengths, groups, mask or none); decode steps
-        take the same ones every time, so they compile once, with the batch size
-        and context length left symbolic (PyTorch compiles batch 1 separately,
-        and a batch whose contexts differ, which needs a mask, once more).
-        Prompt and mixed steps vary in shape at every step and would keep
-        recompiling, so they stay eager. vLLM's FULL_DECODE_ONLY CUDA-graph mode
-        draws the same line: whole-step graphs for decode-only batches only."""
+        take the same ones every time. There are two kinds: batch 1 (no mask;
+        PyTorch also specialises sizes of 1) and a batch (always masked, see
+        paged_kv_cache.py), whose batch size and context length become symbolic
+        once PyTorch has seen them change (compile_or_warm_up_model compiles
+        all of it up front). Prompt and mixed steps vary in shape at every step
+        and would keep recompiling, so they stay eager. vLLM's FULL_DECODE_ONLY
+        CUDA-graph mode draws the same line: whole-step graphs for decode-only
+        batches only."""
         if self._compiled_model is None:
-            print("tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; each new kind "
-                  "of step (batch 1, larger batches) compiles once, about a minute on a CPU", file=sys.stderr)
             self._compiled_model = torch.compile(self.model, dynamic=True)
         return self._compiled_model
+
+    @torch.inference_mode()
+    def compile_or_warm_up_model(self) -> None:
+        """Compile the decode steps now, on dummy tokens, so that no
+        request waits for a compile later: a compile takes about a minute on a
+        CPU, and every request in the batch that met a new kind would stall for
+        it. vLLM's workers compile and capture their graphs at start-up too
+        (their method of this name). Nothing of the dummy steps stays: every
+        dummy position maps to block 0, which is zeroed after."""
+        if self.enforce_eager:
+            return
+        print("tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
+              "(batch 1, then batches), a minute or more each on a CPU", file=sys.stderr)
+        bs = self.paged_cache.block_size
+        # Batch 1; then batches of 2 and 3 sequences of unequal lengths (the
+        # first batch compiles with its sizes fixed, the second with them
+        # symbolic, once PyTorch has seen them change). Every size differs from
+        # the others: PyTorch assumes that sizes equal when it compiles stay
+        # equal, and would compile again when they are not.
+        for context_lens in ([5], [5, 3], [9, 7, 6]):
+            n = len(context_lens)
+            meta = PagedAttentionMetadata.build([1] * n, context_lens, [[0] * 9] * n, bs, self.device)
+            self._run_compiled(torch.zeros(1, n, dtype=torch.long, device=self.device), meta)
+            if self.enforce_eager:  # the compile failed and _run_compiled said so: eager from now on
+                break
+        self.paged_cache.k[:, :bs] = 0
+        self.paged_cache.v[:, :bs] = 0

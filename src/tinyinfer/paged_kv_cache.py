@@ -99,11 +99,12 @@ class PagedAttentionMetadata:
         qpos = torch.stack([torch.arange(context_lens[b] - t, context_lens[b]) for b in members])  # [b, t]
         # Two common cases need no mask tensor, which saves work in every layer:
         # a prompt read from position 0 in one chunk (plain causal attention),
-        # and decodes that all see every key (e.g. batch 1).
+        # and one sequence's decode, which sees every key. A batch of decodes
+        # keeps its mask even when all its contexts are equal: so a compiled
+        # decode step comes in two kinds only, batch 1 and a batch (model_runner.py).
         is_causal = t > 1 and S == t
-        mask = None if is_causal else (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [b, 1, t, S]
-        if mask is not None and bool(mask.all()):
-            mask = None
+        alone = t == 1 and len(members) == 1
+        mask = None if is_causal or alone else (pos[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [b, 1, t, S]
         index = torch.cat([torch.arange(offsets[b], offsets[b] + t) for b in members])
         return AttentionGroup(index.to(device), key_slots.flatten().to(device),
                               None if mask is None else mask.to(device), len(members), t, S, is_causal)
