@@ -145,7 +145,7 @@ def main() -> None:
         rows.update({name: [] for name in servers})
         with httpx.Client(timeout=300, trust_env=False) as client:
             warm = prompt_ids(engine, args.prompt_len, seed=10_000)
-            offline(engine, warm, 8)  # with --compile, the first decode steps compile (about a minute each)
+            offline(engine, warm, 8)
             for url in servers.values():
                 served(client, url, warm, 8)
             for r in range(args.rounds):

@@ -147,7 +147,8 @@ class ModelRunner:
         # equal, and would compile again when they are not.
         for context_lens in ([5], [5, 3], [9, 7, 6]):
             n = len(context_lens)
-            meta = PagedAttentionMetadata.build([1] * n, context_lens, [[0] * 9] * n, bs, self.device)
+            meta = PagedAttentionMetadata.build([1] * n, context_lens, [[0] * max(context_lens)] * n, bs,
+                                                self.device)
             self._run_compiled(torch.zeros(1, n, dtype=torch.long, device=self.device), meta)
             if self.enforce_eager:  # the compile failed and _run_compiled said so: eager from now on
                 break
