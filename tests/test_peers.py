@@ -209,12 +209,14 @@ def test_load_prefers_this_machines_run_then_the_stored_copy(tmp_path, monkeypat
 
 def test_the_stored_copy_follows_the_cpus_bf16_units():
     laptop = {"avx512_bf16": False, "amx_bf16": False, "avx512f": False, "avx2": True}
-    assert peers.stored_for(laptop) == peers.STORED_COPIES["avx2"] == peers.STORED
+    assert peers.stored_for({"vector_units": laptop}) == peers.STORED_COPIES["avx2"] == peers.STORED
     assert peers.stored_for({}) == peers.STORED  # flags unknown: the laptop's copy
     for bf16 in ({**laptop, "avx512f": True, "avx512_bf16": True}, {**laptop, "amx_bf16": True}):
-        assert peers.stored_for(bf16) == peers.STORED_COPIES["avx512_bf16"]
+        assert peers.stored_for({"vector_units": bf16}) == peers.STORED_COPIES["avx512_bf16"]
+        emulated = {"vector_units": bf16, "emulation": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+        assert peers.stored_for(emulated) == peers.STORED  # torch kept below the BF16 units
     for kind, path in peers.STORED_COPIES.items():  # each copy was measured on the CPU it stands for
-        assert peers.stored_for(peers.load(path)["meta"]["vector_units"]) == path, kind
+        assert peers.stored_for(peers.load(path)["meta"]) == path, kind
     avx2, bf16 = peers.STORED_COPIES["avx2"], peers.STORED_COPIES["avx512_bf16"]
     assert peers.other_class(peers.load(avx2)) == bf16 and peers.other_class(peers.load(bf16)) == avx2
     assert peers.other_class(laptop_report()) == bf16 and peers.other_class(server_report()) == avx2

@@ -144,19 +144,20 @@ def find_saved(start: Path | None = None) -> Path | None:
     return None
 
 
-def stored_for(units: dict | None = None) -> Path:
-    """The stored copy measured on the CPU most like this one (vector_units() by
-    default): the BF16 server's where the CPU has BF16 units, else the laptop's."""
-    units = vector_units() if units is None else units
-    bf16 = units.get("avx512_bf16") or units.get("amx_bf16")
-    return STORED_COPIES["avx512_bf16" if bf16 else "avx2"]
+def stored_for(meta: dict | None = None) -> Path:
+    """The stored copy from the CPU most like `meta`'s (a report's meta; by default
+    this machine's flags and emulation settings): the BF16 server's where bf16
+    products run on BF16 units (has_bf16_units), else the laptop's."""
+    if meta is None:
+        meta = {"vector_units": vector_units(), "emulation": emulated_isa()}
+    return STORED_COPIES["avx512_bf16" if has_bf16_units(meta) else "avx2"]
 
 
 def other_class(report: dict) -> Path:
     """The stored copy from the other class of CPU than `report`'s: a laptop's run
     beside a BF16 server's, and the other way round (which formats win changes)."""
-    bf16 = has_bf16_units(report["meta"])
-    return STORED_COPIES["avx2" if bf16 else "avx512_bf16"]
+    mine = stored_for(report["meta"])
+    return next(path for path in STORED_COPIES.values() if path != mine)
 
 
 def load(path: str | Path | None = None) -> dict:
