@@ -75,6 +75,34 @@ def test_a_failed_compile_warns_and_the_engine_carries_on_eagerly(one_layer_dir,
     assert got == eager.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
 
 
+def test_decode_guards_keep_layer_0_everything_outside_the_layers_and_the_inputs():
+    from types import SimpleNamespace
+
+    from tinyinfer.model_runner import decode_step_guards
+
+    layers = "self._modules['model']._modules['layers']"
+    kept = [f"{layers}._modules['0']._modules['mlp']._modules['down_proj']", f"{layers}._modules",  # the depth
+            "self._modules['lm_head']", "cache.k_layers[0]", "cache.k_layers", "meta.groups[10].mask",
+            "input_ids", "G['__import_torch']"]
+    dropped = [f"{layers}._modules['1']._modules['mlp']", f"{layers}._modules['29']", f"{layers}._modules['10']",
+               "cache.k_layers[1]", "cache.v_layers[29]"]
+    guards = [SimpleNamespace(name=n, guard_type="TYPE_MATCH") for n in kept + dropped]
+    assert decode_step_guards(guards) == [True] * len(kept) + [False] * len(dropped)
+
+
+@pytest.mark.slow
+def test_two_compiled_models_in_one_process_each_run_their_own_graphs(one_layer_dir, tiny_dir):
+    """The guards kept tell models apart: the 2-layer model must not run the
+    1-layer model's graphs (both compiled here, in one process)."""
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for folder in (one_layer_dir, tiny_dir):
+        eager = LLM(folder, dtype="float32", device="cpu", num_kv_blocks=64)
+        compiled = LLM(folder, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
+        for prompts in (PROMPTS[:1], PROMPTS):
+            want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+            assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == want, (folder, prompts)
+
+
 def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():
     from conftest import inductor_cache_dir  # tests/ is on sys.path
 
