@@ -3,9 +3,10 @@
 The fake (stdlib http.server in a thread, 127.0.0.1 only) streams one chunk per
 token: the first after FIRST_DELAY, then one every GAP. So the client must
 measure TTFT >= FIRST_DELAY and end-to-end >= FIRST_DELAY + (n-1) GAP (sleeps
-never end early; TPOT alone can dip below GAP when the first chunk is read late,
-since it is last-minus-first over n-1); the upper bounds are loose because the test machine is shared. The metric arithmetic is
-checked exactly on hand-made records, without any clock.
+never end early). TPOT alone can dip below GAP when the first chunk is read
+late, since it is last-minus-first over n-1. The upper bounds are loose because
+the test machine is shared. The metric arithmetic is checked exactly on
+hand-made records, without any clock.
 """
 from __future__ import annotations
 
