@@ -109,8 +109,10 @@ def serve_llama_server(ctx: Context, key: str):
     slot_tokens = 1 << (ctx.input_len + ctx.output_len + 16).bit_length()
     port = free_port()
     cmd = llama_server_command(binary, gguf, MODEL, ctx.threads, port, ctx.max_concurrency, slot_tokens)
+    # A build for fewer instructions than this CPU has (AVX2, a laptop's) says so in its row's name.
+    built_for = "" if ctx.llama_cpp_build == "native" else f" ({ctx.llama_cpp_build.upper()} build)"
     ctx.info[key] = dict(version=llama_server.label(record), label=f"llama.cpp {record.get('commit', '')} "
-                         "llama-server", command=" ".join(cmd[1:]).replace(str(gguf), "GGUF"),
+                         f"llama-server{built_for}", command=" ".join(cmd[1:]).replace(str(gguf), "GGUF"),
                          weight_bytes=gguf_tensor_bytes(gguf))
     return serve(cmd, port, dict(os.environ), startup_timeout_s=300, name="llama-server")
 

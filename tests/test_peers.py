@@ -267,6 +267,22 @@ def test_server_commands_give_every_engine_the_same_threads_and_slots():
     assert peer_servers.vllm_cpu_bind(1) == "0" and peer_servers.vllm_cpu_bind(4) == "0-3"
 
 
+@pytest.mark.parametrize("build, name", [("native", "llama.cpp abc1234 llama-server"),
+                                         ("avx2", "llama.cpp abc1234 llama-server (AVX2 build)")])
+def test_the_llama_cpp_row_names_an_avx2_build(monkeypatch, build, name):
+    import llama_server
+    import peer_servers
+
+    monkeypatch.setattr(llama_server, "ensure_llama_server", lambda b: Path(f"/x/build-{b}/bin/llama-server"))
+    monkeypatch.setattr(llama_server, "ensure_gguf", lambda: Path("/x/m.gguf"))
+    monkeypatch.setattr(llama_server, "built", lambda b: {"commit": "abc1234", "build": b})
+    monkeypatch.setattr(peer_servers, "gguf_tensor_bytes", lambda path: 1)
+    monkeypatch.setattr(peer_servers, "serve", lambda cmd, port, env, **kw: cmd)
+    ctx = peer_servers.Context(threads=2, max_concurrency=1, llama_cpp_build=build)
+    cmd = peer_servers.serve_llama_server(ctx, "llama.cpp-q4_1")
+    assert ctx.info["llama.cpp-q4_1"]["label"] == name and cmd[0] == f"/x/build-{build}/bin/llama-server"
+
+
 def test_llama_cpp_builds_native_or_avx2_only():
     import llama_server
 
