@@ -286,14 +286,23 @@ def test_calibrate_names_what_it_needs():
 
 @pytest.mark.slow
 def test_calibrate_fits_the_real_model(llm):
-    cost, m = calibrate(llm, return_measurements=True)
-    assert cost.prefill_s_per_token > 0 and cost.decode_base_s > 0
-    # The linear fit reproduces its own measurements to within a factor of two
-    # (timings on a shared machine are noisy; a wrong fit is off by far more).
-    for B, t in m["decode"]:
-        assert 0.5 < cost.step_time(decode_seqs=B) / t < 2
-    T, t = m["prefill"][-1]
-    assert 0.5 < cost.step_time(prefill_tokens=T) / t < 2
+    # The linear fit reproduces its own measurements to within a factor of two;
+    # a wrong fit (units, a swapped term) is off by far more. One point timed
+    # while another job took the CPUs can pull a fit of three points further
+    # than that (a CI run saw 0.09 s measured against 0.22 s fitted), so a
+    # calibration that misses is retried, twice at most: a wrong fit misses every time.
+    misses = []
+    for _ in range(3):
+        cost, m = calibrate(llm, return_measurements=True)
+        assert cost.prefill_s_per_token > 0 and cost.decode_base_s > 0
+        ratios = [cost.step_time(decode_seqs=B) / t for B, t in m["decode"]]
+        T, t = m["prefill"][-1]
+        ratios.append(cost.step_time(prefill_tokens=T) / t)
+        if all(0.5 < r < 2 for r in ratios):
+            break
+        misses.append([round(r, 2) for r in ratios])
+    else:
+        pytest.fail(f"the fit missed its own measurements by over 2x in every calibration: {misses}")
     assert math.isfinite(simulate(make_workload(20, rate=1.0), 1, cost).e2e.p95)
 
 
