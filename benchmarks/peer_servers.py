@@ -157,6 +157,8 @@ PEERS = {  # in the order they run; every key a reader can pass to --engines
                            _tinyinfer("bfloat16", INT4), "bfloat16", "int4"),
     "tinyinfer-bf16-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager", "bf16",
                                     _tinyinfer("bfloat16", ("--no-enforce-eager",)), "bfloat16"),
+    "tinyinfer-fp32-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager", "fp32",
+                                    _tinyinfer("float32", ("--no-enforce-eager",)), "float32"),
     "tinyinfer-int4-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager",
                                     "INT4 g32 (Q4_1's weights), bf16 activations",
                                     _tinyinfer("bfloat16", (*INT4, "--no-enforce-eager")), "bfloat16", "int4"),
@@ -165,11 +167,12 @@ PEERS = {  # in the order they run; every key a reader can pass to --engines
     "vllm-fp32": Peer("vllm", f"vLLM CPU {VLLM_VERSION[:4]}", "fp32", _vllm("float32"), "float32"),
 }
 GROUPS = {  # shorthands for --engines
-    # With compiled decode steps (compiled once at start-up, one to three minutes
+    # With compiled decode steps (compiled once at start-up, one to five minutes
     # each): INT4 is tinyinfer's fastest row for one user, bf16 under load on a
-    # CPU with BF16 units. Eager rows show what the compile buys.
+    # CPU with BF16 units, fp32 under load on one without (AVX2). Eager rows
+    # show what the compile buys.
     "tinyinfer": ("tinyinfer-bf16", "tinyinfer-fp32", "tinyinfer-int4", "tinyinfer-bf16-compiled",
-                  "tinyinfer-int4-compiled"),
+                  "tinyinfer-fp32-compiled", "tinyinfer-int4-compiled"),
     "llama.cpp": ("llama.cpp-q4_1",),
     "vllm": ("vllm-bf16", "vllm-fp32"),
     "all": tuple(PEERS),

@@ -32,10 +32,15 @@ def test_enforce_eager_is_checked_before_loading():
 
 @pytest.mark.slow
 def test_compiled_decode_writes_the_eager_tokens(one_layer_dir):
+    """INT8 weights with fp32 activations: its packed kernel serves up to 4 rows
+    (quant.KERNEL_MAX_ROWS), so a batch of 5 takes another path, and another
+    graph, which the engine must have compiled when it was built too. (On a CPU
+    without bf16 units, a bf16 model switches at 4 rows in the same way.)"""
     from torch._dynamo.utils import counters
 
-    eager = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64)
-    compiled = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=64, quantization="int8")
+    eager = LLM(one_layer_dir, **kw)
+    compiled = LLM(one_layer_dir, **kw, enforce_eager=False)
     graphs = counters["stats"]["unique_graphs"]  # compiled when the engine was built
     runner = compiled.runner
     batch_sizes = []  # batch size of every step that ran the compiled model
@@ -47,13 +52,13 @@ def test_compiled_decode_writes_the_eager_tokens(one_layer_dir):
 
     runner.execute_model = spy_execute
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    batches = (PROMPTS[:1], PROMPTS, PROMPTS[:1] * 4)  # batch 1; unequal lengths; 4 equal ones
+    batches = (PROMPTS[:1], PROMPTS, PROMPTS[:1] * 5)  # batch 1; unequal lengths; 5 equal ones
     for prompts in batches:
         want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
         got = [o.outputs[0].token_ids for o in compiled.generate(prompts, params)]
         assert got == want, prompts
-    # Every decode step compiled, prefills eager: 7 steps at batch 1, then 7 at 2, 7 at 4.
-    assert batch_sizes == [1] * 7 + [2] * 7 + [4] * 7
+    # Every decode step compiled, prefills eager: 7 steps at batch 1, then 7 at 2, 7 at 5.
+    assert batch_sizes == [1] * 7 + [2] * 7 + [5] * 7
     assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # nothing compiled mid-request
 
 
@@ -112,3 +117,13 @@ def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():
     assert None not in (avx2, default) and avx2 != default
     user_set = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/x"}
     assert inductor_cache_dir(user_set) is None  # the user's choice wins
+
+
+def test_the_warm_up_crosses_every_row_limit_of_a_layer_up_to_max_num_seqs():
+    from tinyinfer.cpu_linear import UPCAST_MIN_ROWS
+    from tinyinfer.model_runner import path_switches
+    from tinyinfer.quant import KERNEL_MAX_ROWS
+
+    wide = path_switches(1000)
+    assert UPCAST_MIN_ROWS in wide and all(limit + 1 in wide for limit in KERNEL_MAX_ROWS.values())
+    assert path_switches(16) == [n for n in wide if n <= 16] and path_switches(3) == []  # 2 and 3 are compiled anyway

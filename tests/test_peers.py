@@ -244,8 +244,9 @@ def test_engine_selection_and_arguments():
 
     assert peer_servers.select("vllm,tinyinfer-bf16") == ["tinyinfer-bf16", "vllm-bf16", "vllm-fp32"]
     assert {"tinyinfer-bf16-compiled", "tinyinfer-int4-compiled"} <= set(peer_servers.select("all"))
-    # tinyinfer's best rows (compiled INT4 for one user, compiled bf16 under load) run by default
-    assert {"tinyinfer-bf16-compiled", "tinyinfer-int4-compiled"} <= set(peer_servers.select("tinyinfer"))
+    # tinyinfer's best rows (compiled INT4 for one user; compiled bf16 under load, or fp32 without bf16 units)
+    assert {"tinyinfer-bf16-compiled", "tinyinfer-fp32-compiled", "tinyinfer-int4-compiled"} \
+        <= set(peer_servers.select("tinyinfer"))
     assert peer_servers.select(peer_servers.DEFAULT_ENGINES) == peer_servers.select("all")
     with pytest.raises(ValueError, match="unknown engine 'llamacpp'"):
         peer_servers.select("llamacpp")

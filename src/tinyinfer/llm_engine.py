@@ -88,7 +88,7 @@ class LLMEngine:
         else:
             self.scheduler = Scheduler(sched_config, self.block_manager, self.kv_bytes_per_token)
             self.model_runner = ModelRunner(model_, self.device, self.dtype, num_blocks, cfg.block_size,
-                                            cfg.enforce_eager)
+                                            cfg.enforce_eager, cfg.max_num_seqs)
             self.model_runner.compile_or_warm_up_model()  # enforce_eager=False: compile now, not mid-request
         self.sampler = Sampler(self.tokenizer.decode)
         self.requests: dict[str, Request] = {}  # unfinished requests, by id

@@ -63,13 +63,28 @@ class ModelOutput:
     prompt_logits: list[PromptLogits] = field(default_factory=list)
 
 
+def path_switches(max_num_seqs: int) -> list[int]:
+    """The batch sizes, up to max_num_seqs, at which a layer may change paths:
+    the first size past each row limit of cpu_linear (bf16 products of 4 rows
+    or more in fp32, on a CPU without bf16 units) and of quant (a packed kernel
+    up to KERNEL_MAX_ROWS rows). A compiled graph is specialised to the path it
+    traced, so each side of a switch is a graph of its own, compiled when a
+    batch first crosses it. Sizes 2 and 3 are compiled anyway."""
+    from .cpu_linear import UPCAST_MIN_ROWS
+    from .quant import KERNEL_MAX_ROWS
+
+    switches = {UPCAST_MIN_ROWS, *(limit + 1 for limit in KERNEL_MAX_ROWS.values())}
+    return sorted(n for n in switches if 3 < n <= max_num_seqs)
+
+
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 enforce_eager: bool = True):
+                 enforce_eager: bool = True, max_num_seqs: int = 16):
         self.model = model
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
+        self.max_num_seqs = max_num_seqs  # the largest decode batch: compile_or_warm_up_model covers up to it
         self._compiled_model = None  # made on the first decode step when enforce_eager is False
         self.paged_cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
         self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> K, V in host memory
@@ -142,8 +157,9 @@ class ModelRunner:
         take the same ones every time. There are two kinds: batch 1 (no mask;
         PyTorch also specialises sizes of 1) and a batch (always masked, see
         paged_kv_cache.py), whose batch size and context length become symbolic
-        once PyTorch has seen them change (compile_or_warm_up_model compiles
-        all of it up front). Prompt and mixed steps vary in shape at every step
+        once PyTorch has seen them change, one graph for each side of a batch
+        size where a layer changes paths (path_switches).
+        compile_or_warm_up_model compiles all of it up front. Prompt and mixed steps vary in shape at every step
         and would keep recompiling, so they stay eager. vLLM's FULL_DECODE_ONLY
         CUDA-graph mode draws the same line: whole-step graphs for decode-only
         batches only."""
@@ -167,10 +183,14 @@ class ModelRunner:
         bs = self.paged_cache.block_size
         # Batch 1; then batches of 2 and 3 sequences of unequal lengths (the
         # first batch compiles with its sizes fixed, the second with them
-        # symbolic, once PyTorch has seen them change). Every size differs from
-        # the others: PyTorch assumes that sizes equal when it compiles stay
-        # equal, and would compile again when they are not.
-        for context_lens in ([5], [5, 3], [9, 7, 6]):
+        # symbolic, once PyTorch has seen them change); then one batch past
+        # each size where a layer changes paths (path_switches: on a CPU
+        # without bf16 units, a bf16 model's first batch of 4 would otherwise
+        # compile mid-request, minutes on a CPU). Every size differs from the
+        # others: PyTorch assumes that sizes equal when it compiles stay equal,
+        # and would compile again when they are not.
+        past_switches = [list(range(2 * n + 4, n + 4, -1)) for n in path_switches(self.max_num_seqs)]
+        for context_lens in ([5], [5, 3], [9, 7, 6], *past_switches):
             n = len(context_lens)
             meta = PagedAttentionMetadata.build([1] * n, context_lens, [[0] * max(context_lens)] * n, bs,
                                                 self.device)
