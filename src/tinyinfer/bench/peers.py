@@ -38,7 +38,7 @@ VECTOR_UNITS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")  # /proc/cpuinfo f
 # CPU (AVX2, no BF16 units) and a server CPU with AVX-512 and BF16 units.
 DATA = Path(__file__).resolve().parent / "data"
 STORED_COPIES = {
-    "avx2": DATA / "peers-2026-12-01-epyc-avx2.json",
+    "avx2": DATA / "peers-2026-12-03-epyc-avx2.json",
     "avx512_bf16": DATA / "peers-2026-12-03-epyc-avx512-bf16.json",
 }
 STORED = STORED_COPIES["avx2"]  # the one a reader most likely has: a laptop's
