@@ -34,12 +34,6 @@ def step_bytes(model, dtype, kernel: bool) -> int:
     return b["total"] + (0 if kernel else 2 * b["quantized_params"] * dtype.itemsize)
 
 
-def int8_head(model):
-    """The LM head as INT8 with one scale per row (an untied copy of the embedding)."""
-    model.lm_head = quant.Int8Linear.from_weight(model.lm_head.weight.detach())
-    return model
-
-
 def step_ms(engine, model, kernel: bool, n: int) -> float:
     engine.runner.model = model
     quant.set_use_kernel(model, kernel)
@@ -69,7 +63,7 @@ def main():
             # llama.cpp's Q4_1 file reads its (tied) output matrix as Q8_0, not in 16 bits:
             # the like-for-like row quantizes the LM head too (a separate copy; lossy).
             ("INT4 g32 + INT8 head, bf16", bf16,
-             int8_head(quant.quantize_model(copy.deepcopy(b), "int4", 32)), "int4", True),
+             quant.quantize_model(copy.deepcopy(b), "int4", 32, lm_head="int8"), "int4", True),
             ("INT8, fp32 activations", fp32, quant.quantize_model(copy.deepcopy(f), "int8"), "int8", True),
             ("INT4 g32, fp32 activations", fp32, quant.quantize_model(copy.deepcopy(f), "int4", 32), "int4", True),
             ("INT4 g32, bf16, no kernel", bf16, int4_bf16, "int4", False)]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tinyinfer.quant import (
-    Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, formula_bytes, ideal_bytes, kernel_available,
+    Int4Linear, Int8Linear, Int8LMHead, dequantize_int4, dequantize_int8, formula_bytes, ideal_bytes, kernel_available,
     model_bytes, pack_int4, quantize_int4, quantize_int8, quantize_model, set_use_kernel, unpack_int4,
 )
 
@@ -146,6 +146,58 @@ def test_int4_rows_the_kernel_cannot_pack_take_the_reference_path():
     torch.testing.assert_close(layer(x), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_lm_head_one_row_through_the_kernel_more_through_the_dense_copy(monkeypatch, dtype):
+    """Int8LMHead: one sequence's row takes the INT8 kernel; a batch takes the
+    de-quantized copy of the same weights. Both give the reference path's
+    numbers (de-quantize, then multiply), so a row's logits do not depend on
+    how many rows share its step beyond rounding."""
+    require_kernel("int8", dtype)
+    w = weights(out=96, inp=64).to(dtype)
+    head = Int8LMHead.from_weight(w)
+    calls = []
+    kernel = Int8LMHead._kernel_forward
+    monkeypatch.setattr(Int8LMHead, "_kernel_forward", lambda self, x: calls.append(len(x)) or kernel(self, x))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+    alone = torch.cat([head(x[i:i + 1]) for i in range(5)])
+    assert calls == [1] * 5  # each single row went through the kernel
+    batch = head(x)
+    assert calls == [1] * 5  # the batch did not
+    want = (x.float() @ dequantize_int8(head.weight, head.scales, dtype).float().T)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for got in (alone, batch):
+        assert got.dtype == dtype and got.shape == (5, 96)
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * float(want.abs().max()))
+    assert head.dense_weight is not None or head.packed_weight is not None  # the batch's copy is a layout ...
+    assert set(head.state_dict()) == {"weight", "scales"}  # ... not a stored weight
+
+
+def test_llm_lm_head_quantization_argument(tiny_dir):
+    from tinyinfer import LLM, SamplingParams
+
+    with pytest.raises(ValueError, match="lm_head_quantization='int4' is invalid: must be one of None, 'int8'"):
+        LLM(tiny_dir, lm_head_quantization="int4")
+    plain = LLM(tiny_dir, dtype="float32")
+    llm = LLM(tiny_dir, dtype="float32", lm_head_quantization="int8")
+    assert isinstance(llm.model.lm_head, Int8LMHead)
+    assert type(llm.model.model.layers[0].mlp.down_proj) is not Int8Linear  # the head only
+    assert llm.model.model.embed_tokens.weight.dtype == torch.float32  # the embedding keeps its table
+    bytes_ = model_bytes(llm.model)
+    assert bytes_["packed_weights"] == 49152 * 64 and bytes_["scales"] == 4 * 49152  # the INT8 copy, counted
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    assert [len(o.outputs[0].token_ids) for o in llm.generate(prompts, params)] == [6, 6]  # a batch, and alone:
+    assert len(llm.generate(prompts[0], params)[0].outputs[0].token_ids) == 6  # both of the head's paths run
+    logits = {}
+    for name, engine in (("int8", llm), ("plain", plain)):
+        tok = torch.tensor([engine.get_tokenizer().encode(prompts[0])])
+        with torch.no_grad():
+            hidden = engine.model.model.embed_tokens(tok)[0, -1:]
+            logits[name] = engine.model.lm_head(hidden).float()
+    rel = (logits["int8"] - logits["plain"]).norm() / logits["plain"].norm()
+    assert 0 < rel < 0.01  # quantized, and close
+
+
 def test_quantized_linear_is_close_to_the_original():
     w = weights()
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(0))  # seeded: no dependence on test order
@@ -219,8 +271,8 @@ def test_quantized_model_still_answers_sensibly(fresh_llm, method, group_size):
 @pytest.mark.slow
 def test_lm_head_option(fresh_llm):
     llm = fresh_llm()
-    quantize_model(llm.model, "int8", include_lm_head=True)
-    assert isinstance(llm.model.lm_head, Int8Linear)
+    quantize_model(llm.model, "int8", lm_head="int8")
+    assert isinstance(llm.model.lm_head, Int8LMHead)
     assert isinstance(llm.model.model.embed_tokens, torch.nn.Embedding)  # still the fp32 table
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(llm.model, "int8")

@@ -140,6 +140,9 @@ class EngineConfig:
     seed: int | None = _opt(None, "seed torch's global random stream (unseeded requests draw from it)")
     quantization: str | None = _opt(None, "weight-only quantization: int8, int4 (default: none)")
     group_size: int = _opt(128, "weights per scale for int4")
+    lm_head_quantization: str | None = _opt(None, "the LM head in int8, a copy beside the tied embedding (as GGUF "
+                                                  "files keep it, in Q8_0): one sequence's decode step reads it in "
+                                                  "1 byte per weight (default: the model's dtype)")
     enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile: faster "
                                      "steps, after a minute or two of compiling when the engine starts")
 
@@ -161,6 +164,7 @@ class EngineConfig:
             from .quant import check_method  # names the field and its allowed values
 
             check_method(self.quantization or "int4", self.group_size)
+        check_choice("lm_head_quantization", self.lm_head_quantization, (None, "int8"))
         if not self.enforce_eager and self.scheduling == "static":  # the baseline stays as chapter 7 measures it
             raise ValueError("enforce_eager=False is invalid with scheduling='static': compiled decode steps "
                              "run on the paged cache; use scheduling='continuous'")

@@ -68,10 +68,10 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted(eos)
         model_ = load_model(folder, self.dtype, self.device)
-        if cfg.quantization is not None:  # weight-only: swap each decoder Linear for its quantized twin
+        if cfg.quantization or cfg.lm_head_quantization:  # weight-only: swap Linears for quantized twins
             from .quant import quantize_model
 
-            quantize_model(model_, cfg.quantization, cfg.group_size)
+            quantize_model(model_, cfg.quantization, cfg.group_size, lm_head=cfg.lm_head_quantization)
         if self.device.type == "cpu":  # kernel layouts for this CPU, made once (cpu_linear.py)
             pack_for_cpu(model_)
         self.kv_bytes_per_token = int(self.model_config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8))

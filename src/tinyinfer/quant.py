@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_linear import UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, wants_grad
+from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, linear_packed, pack_weight, packable,
+                         upcast_linear, wants_grad)
 
 METHODS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
@@ -254,6 +255,50 @@ class Int8Linear(QuantizedLinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+class Int8LMHead(Int8Linear):
+    """The LM head in INT8 (quantize_model's lm_head="int8"), as GGUF files keep
+    theirs: SmolLM2's Q4_1 file stores its tied embedding and head in Q8_0.
+
+    The head is the largest matrix a decode step reads (49152 x 576 in SmolLM2,
+    a fifth of an INT4 step's bytes in bf16). One sequence's row goes through
+    the INT8 kernel, which reads 1 byte per weight instead of 2 (bf16) or 4.
+    That kernel's time grows with every row, so more rows take a de-quantized
+    copy of the same weights (a kernel layout, packed for oneDNN where this CPU
+    packs its dtype). Measured on the 49152 x 576 head, bf16 rows, 2 cores:
+      rows:                          1      4     32
+      AVX-512 BF16: INT8 kernel   0.86   1.63   13.1 ms   packed bf16 copy 1.10  1.11  1.94
+      AVX2 only:    INT8 kernel   1.14   2.47   20.1 ms   bf16 F.linear    2.13  8.04  54.3
+    Both paths multiply by the same de-quantized weights, so a sequence's tokens
+    do not depend on how many others share its step beyond rounding."""
+
+    LAYOUT = ("kernel_scales", "packed_weight", "dense_weight")
+    MAX_KERNEL_ROWS = 1
+
+    def build_layout(self):
+        super().build_layout()  # kernel_scales, where torch has a working INT8 kernel
+        dense = dequantize_int8(self.weight, self.scales, self.kernel_dtype)
+        packed = pack_weight(dense) if packable(dense, None) else None
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("dense_weight", None if packed is not None else dense, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if self.use_kernel and self.has_layout() and rows <= self.MAX_KERNEL_ROWS and _kernel_serves(x, self):
+            self.check_layout()
+            return self._kernel_forward(x)
+        if x.dtype is not self.kernel_dtype or wants_grad(x) or (self.packed_weight is None
+                                                                  and self.dense_weight is None):
+            return super().forward(x)  # the reference path
+        self.check_layout()
+        if self.packed_weight is not None:
+            if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
+                return torch.ops.tinyinfer.packed_linear(x, self.packed_weight, self.out_features)
+            return linear_packed(x, self.packed_weight)
+        if x.dtype in UPCAST_DTYPES and x.is_cpu and rows >= UPCAST_MIN_ROWS:
+            return upcast_linear(x, self.dense_weight)  # as cpu_linear.PackedLinear does on such a CPU
+        return F.linear(x, self.dense_weight)
+
+
 class Int4Linear(QuantizedLinear):
     """INT4 codes (two per byte) and fp16 group scales and zeros as persistent
     buffers; for torch's packed kernel, a second copy of the codes in that
@@ -322,21 +367,28 @@ def check_method(method, group_size) -> None:
         raise ValueError(f"group_size={group_size!r} is invalid: must be one of {', '.join(map(str, GROUP_SIZES))}")
 
 
-def quantize_model(model: nn.Module, method: str, group_size: int = 128, include_lm_head: bool = False,
+def quantize_model(model: nn.Module, method: str | None, group_size: int = 128, lm_head: str | None = None,
                    use_kernel: bool = True) -> nn.Module:
-    """Replace every linear layer of the decoder layers by its quantized twin, in place.
+    """Replace every linear layer of the decoder layers by its quantized twin
+    (`method`: int8 or int4; None leaves them), in place.
 
     The embedding always stays as it is. The LM head is left alone by default:
     in SmolLM2 it is tied to the embedding (one tensor), so quantizing it adds
-    a second, quantized copy rather than saving anything. use_kernel lets
-    decode steps use torch's packed kernels where they exist; each new layer
-    builds its kernel layout now, for activations in the dtype the model's
-    weights had (cpu_linear's rule; the INT4 one is a second copy of the weight)."""
-    check_method(method, group_size)
-    targets = [(layer, name) for layer in model.model.layers for name in LAYER_LINEARS]
-    if include_lm_head:
-        targets.append((model, "lm_head"))
-    for parent, dotted in targets:
+    a second, quantized copy rather than saving anything. lm_head="int8" makes
+    that copy anyway (Int8LMHead: a decode step then reads the head in 1 byte
+    per weight, as llama.cpp does from a GGUF file); lm_head="int4" an INT4 one.
+    use_kernel lets decode steps use torch's packed kernels where they exist;
+    each new layer builds its kernel layout now, for activations in the dtype
+    the model's weights had (cpu_linear's rule; the INT4 one is a second copy
+    of the weight)."""
+    if method is not None:
+        check_method(method, group_size)
+    if lm_head is not None:
+        check_method(lm_head, group_size)
+    targets = [(layer, name, method) for layer in model.model.layers for name in LAYER_LINEARS if method]
+    if lm_head is not None:
+        targets.append((model, "lm_head", lm_head))
+    for parent, dotted, method in targets:
         *path, leaf = dotted.split(".")
         owner = parent
         for part in path:
@@ -345,7 +397,10 @@ def quantize_model(model: nn.Module, method: str, group_size: int = 128, include
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"{dotted} is a {type(linear).__name__}; is the model already quantized?")
         w = linear.weight.detach()
-        new = Int8Linear.from_weight(w, use_kernel) if method == "int8" else Int4Linear.from_weight(w, group_size, use_kernel)
+        if method == "int4":
+            new = Int4Linear.from_weight(w, group_size, use_kernel)
+        else:
+            new = (Int8LMHead if dotted == "lm_head" else Int8Linear).from_weight(w, use_kernel)
         setattr(owner, leaf, new)
     return model
 
