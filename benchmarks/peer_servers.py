@@ -49,6 +49,7 @@ class Peer:
     start: Callable  # start(ctx, key) -> context manager yielding the base URL
     dtype: str | None = None  # for counting weight bytes: the torch dtype name
     quantization: str | None = None
+    lm_head_quantization: str | None = None
 
 
 def ensure_vllm(venv: Path = VLLM_VENV) -> Path:
@@ -149,19 +150,21 @@ def tinyinfer_version() -> str:
     return f"tinyinfer {tinyinfer.__version__}{commit}"
 
 
-INT4 = ("--quantization", "int4", "--group-size", "32")
+# INT4 as llama.cpp reads the same GGUF: its Q4_1 file keeps the (tied) LM head
+# in Q8_0, so the INT4 rows read theirs in INT8 too (Int8LMHead).
+INT4 = ("--quantization", "int4", "--group-size", "32", "--lm-head-quantization", "int8")
+INT4_FORMAT = "INT4 g32 (Q4_1's weights), INT8 LM head (the GGUF's Q8_0), bf16 activations"
 PEERS = {  # in the order they run; every key a reader can pass to --engines
     "tinyinfer-bf16": Peer("tinyinfer", "tinyinfer serve", "bf16", _tinyinfer("bfloat16"), "bfloat16"),
     "tinyinfer-fp32": Peer("tinyinfer", "tinyinfer serve", "fp32", _tinyinfer("float32"), "float32"),
-    "tinyinfer-int4": Peer("tinyinfer", "tinyinfer serve", "INT4 g32 (Q4_1's weights), bf16 activations",
-                           _tinyinfer("bfloat16", INT4), "bfloat16", "int4"),
+    "tinyinfer-int4": Peer("tinyinfer", "tinyinfer serve", INT4_FORMAT, _tinyinfer("bfloat16", INT4),
+                           "bfloat16", "int4", "int8"),
     "tinyinfer-bf16-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager", "bf16",
                                     _tinyinfer("bfloat16", ("--no-enforce-eager",)), "bfloat16"),
     "tinyinfer-fp32-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager", "fp32",
                                     _tinyinfer("float32", ("--no-enforce-eager",)), "float32"),
-    "tinyinfer-int4-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager",
-                                    "INT4 g32 (Q4_1's weights), bf16 activations",
-                                    _tinyinfer("bfloat16", (*INT4, "--no-enforce-eager")), "bfloat16", "int4"),
+    "tinyinfer-int4-compiled": Peer("tinyinfer", "tinyinfer serve --no-enforce-eager", INT4_FORMAT,
+                                    _tinyinfer("bfloat16", (*INT4, "--no-enforce-eager")), "bfloat16", "int4", "int8"),
     "llama.cpp-q4_1": Peer("llama.cpp", "llama.cpp llama-server", "Q4_1 GGUF", serve_llama_server),
     "vllm-bf16": Peer("vllm", f"vLLM CPU {VLLM_VERSION[:4]}", "bf16", _vllm("bfloat16"), "bfloat16"),
     "vllm-fp32": Peer("vllm", f"vLLM CPU {VLLM_VERSION[:4]}", "fp32", _vllm("float32"), "float32"),
@@ -198,13 +201,19 @@ def select(spec: str) -> list[str]:
 
 def weight_bytes(peer: Peer) -> int | None:
     """Bytes a batch-1 decode step reads in this format: every tensor of the model as
-    tinyinfer holds it (quant.model_bytes; the tied embedding once). vLLM holds the same
-    tensors in the same dtype. llama.cpp's come from its GGUF (serve_llama_server)."""
+    tinyinfer holds it (quant.model_bytes; the tied embedding once, or, beside an
+    INT8 copy of the head, not at all). vLLM holds the same tensors in the same
+    dtype. llama.cpp's come from its GGUF (serve_llama_server)."""
     if peer.dtype is None:
         return None
     from tinyinfer import LLM
     from tinyinfer.quant import model_bytes
 
     extra = dict(quantization=peer.quantization, group_size=32) if peer.quantization else {}
-    llm = LLM(MODEL, dtype=peer.dtype, device="cpu", num_kv_blocks=4, **extra)
-    return int(model_bytes(llm.model)["total"])
+    llm = LLM(MODEL, dtype=peer.dtype, device="cpu", num_kv_blocks=4, lm_head_quantization=peer.lm_head_quantization,
+              **extra)
+    total = model_bytes(llm.model)["total"]
+    if peer.lm_head_quantization:  # the head is a copy of its own: a step reads one row of the embedding, not all
+        embedding = llm.model.model.embed_tokens.weight
+        total -= embedding.numel() * embedding.element_size()
+    return int(total)

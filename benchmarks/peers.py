@@ -14,8 +14,9 @@
    benchmarks/llama_server.py: needs cmake and a C++ compiler, about 16
    CPU-minutes: 10-20 min on two idle cores, an hour on a busy machine). Later runs reuse both.
 2. Serves the same weights in the formats a reader would choose: tinyinfer in
-   bf16, fp32 and INT4 (groups of 32, quantized from the packaged Q4_1 weights),
-   bf16 and INT4 also with compiled decode steps (--no-enforce-eager),
+   bf16, fp32 and INT4 (groups of 32, quantized from the packaged Q4_1 weights,
+   with the LM head in INT8 as the GGUF keeps it in Q8_0), bf16, fp32 and INT4
+   also with compiled decode steps (--no-enforce-eager),
    llama.cpp on the packaged Q4_1 GGUF itself, vLLM CPU in bf16 and fp32 (keys
    and groups: peer_servers.PEERS and GROUPS). One server at a time, each on
    127.0.0.1, each stopped (its whole process group) before the next starts,
