@@ -1,9 +1,10 @@
 """Where the time of one batch-1 decode step goes: per operator and per Python function.
 
     python benchmarks/profile_decode.py [--dtype float32] [--quantization int4] [--group-size 32]
-        [--steps 30] [--compile] [--threads N] [--top 15]
+        [--steps 30] [--compile] [--threads N] [--top 15] [--batch 1] [--lm-head-quantization int8]
 
-Runs the engine on one request, lets the prompt and a few decode steps pass
+Runs the engine on one request (or --batch requests of the same prompt, which
+then decode together: a step under load), lets the prompt and a few decode steps pass
 (warm-up, and compiling with --compile), then:
   1. times --steps decode steps with nothing attached (ms per step, median);
   2. records the same number of steps under torch.profiler and prints, per
@@ -39,10 +40,11 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::
 
 def decode_engine(args):
     llm = LLM(dtype=args.dtype, quantization=args.quantization, group_size=args.group_size,
-              enforce_eager=not args.compile, max_model_len=4096)
+              lm_head_quantization=args.lm_head_quantization, enforce_eager=not args.compile, max_model_len=4096, max_num_seqs=max(16, args.batch))
     engine = llm.llm_engine if hasattr(llm, "llm_engine") else llm
     params = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True)  # within max_model_len
-    engine.add_request(PROMPT, params)
+    for _ in range(args.batch):
+        engine.add_request(PROMPT, params)
     for _ in range(args.warmup):  # the prompt step, then decode steps (compiling, with --compile)
         engine.step()
     return llm, engine
@@ -53,12 +55,16 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--lm-head-quantization", default=None, help="int8: the LM head in 8 bits (default: the dtype)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=1, help="requests decoding together (default 1)")
     args = ap.parse_args()
+    if args.batch < 1:
+        ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.threads:
         torch.set_num_threads(args.threads)
     llm, engine = decode_engine(args)
@@ -69,7 +75,8 @@ def main():
         engine.step()
         times.append(time.perf_counter() - t)
     cpu_ms = (time.process_time() - cpu) / n * 1e3  # all threads' CPU time: what a busy machine inflates least
-    label = f"{args.dtype}" + (f", {args.quantization} g{args.group_size}" if args.quantization else "")
+    label = f"{args.dtype}" + (f", {args.quantization} g{args.group_size}" if args.quantization else "") \
+        + (f", LM head {args.lm_head_quantization}" if args.lm_head_quantization else "") + f", batch {args.batch}"
     print(f"{label}, {'compiled' if args.compile else 'eager'}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
     print(f"decode step: median {statistics.median(times) * 1e3:.2f} ms, best {min(times) * 1e3:.2f} ms "
