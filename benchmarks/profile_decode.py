@@ -39,8 +39,9 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::
 
 
 def decode_engine(args):
-    llm = LLM(dtype=args.dtype, quantization=args.quantization, group_size=args.group_size,
-              lm_head_quantization=args.lm_head_quantization, enforce_eager=not args.compile, max_model_len=4096, max_num_seqs=max(16, args.batch))
+    head = {"lm_head_quantization": args.lm_head_quantization} if args.lm_head_quantization else {}
+    llm = LLM(dtype=args.dtype, quantization=args.quantization, group_size=args.group_size, **head,
+              enforce_eager=not args.compile, max_model_len=4096, max_num_seqs=max(16, args.batch))
     engine = llm.llm_engine if hasattr(llm, "llm_engine") else llm
     params = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True)  # within max_model_len
     for _ in range(args.batch):
