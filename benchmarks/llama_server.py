@@ -1,6 +1,6 @@
 """llama.cpp's own `llama-server`, built once from llama-cpp-python's source distribution.
 
-    python benchmarks/llama_server.py [--build native|avx2]    build if needed, print the binary's path
+    python benchmarks/llama_server.py [--build native|avx2|avx512]    build if needed, print the binary's path
 
 Why this one: `llama_cpp.server` (llama-cpp-python's Python server) answers one
 request at a time, ignores `ignore_eos` and has no /health, so it is no peer
@@ -53,6 +53,14 @@ BUILDS = {
              "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
              "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF",
              "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"),
+    # Every AVX-512 variant, AMX off: for a CPU whose flags list AMX but whose
+    # virtual machine does not run its tiles. On an Intel Xeon lent here
+    # (2026-12-04) the native build's llama-server died with SIGSEGV as its
+    # thread pool started, while this build and the AVX2 one ran.
+    "avx512": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+               "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
+               "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF",
+               "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"),
 }
 NEEDS = ("building llama.cpp's llama-server needs cmake (>= 3.14) and a C++17 compiler (g++ or clang++). "
          "Install them (Debian/Ubuntu: `sudo apt-get install cmake g++`; Fedora: `sudo dnf install cmake "
@@ -76,7 +84,7 @@ def build_dir(build: str = "native", root: Path | None = None) -> Path:
 
 
 def cmake_command(build: str, src: Path, out: Path, generator: str | None) -> list[str]:
-    """The configure command for one build kind ('native' or 'avx2')."""
+    """The configure command for one build kind (a key of BUILDS)."""
     if build not in BUILDS:
         raise ValueError(f"build={build!r} is invalid: must be one of {', '.join(BUILDS)}")
     cmd = ["cmake", "-S", str(src), "-B", str(out)]

@@ -3,7 +3,7 @@
     make peers            (= python benchmarks/peers.py --save _build/peers.json)
     python benchmarks/peers.py [--engines tinyinfer,llama.cpp,vllm] [--concurrency 1,8,32]
                                [--num-prompts 4,16,32] [--input-len 128] [--output-len 64]
-                               [--baseline llama.cpp-q4_1] [--llama-cpp-build native|avx2]
+                               [--baseline llama.cpp-q4_1] [--llama-cpp-build native|avx2|avx512]
                                [--threads N] [--note TEXT] [--save peers.json]
     a quick run:  python benchmarks/peers.py --engines tinyinfer-bf16,llama.cpp --concurrency 1,8
 
@@ -49,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_servers import (DEFAULT_ENGINES, MODEL, PEERS, VLLM_VERSION, Context, ensure_vllm,  # noqa: E402,F401
                           model_folder, select, serve_vllm, weight_bytes)
 from serving import install_signal_handlers  # noqa: E402
+
+import llama_server  # noqa: E402
 
 from tinyinfer.bench import peers as report_lib  # noqa: E402
 
@@ -114,8 +116,9 @@ def parse_args(argv=None):
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="threads per server (default: torch's default here)")
     ap.add_argument("--baseline", default="llama.cpp-q4_1", help="the row every ratio compares with")
-    ap.add_argument("--llama-cpp-build", default="native", choices=("native", "avx2"),
-                    help="native: every instruction this CPU has; avx2: AVX2 only, to emulate a laptop")
+    ap.add_argument("--llama-cpp-build", default="native", choices=tuple(llama_server.BUILDS),
+                    help="native: every instruction this CPU has; avx2: AVX2 only, to emulate a laptop; "
+                         "avx512: AVX-512 without AMX (where the native build's AMX code cannot run)")
     ap.add_argument("--note", default="", help="a line saved with the table (e.g. 'quiet machine')")
     ap.add_argument("--save", default="peers.json", help="where to write the report (JSON)")
     ap.add_argument("--record-vllm-format", default=None, metavar="PATH",
@@ -152,7 +155,12 @@ def main(argv=None) -> None:
             peer = PEERS[key]
             if peer.engine == "vllm" and args.record_vllm_format:
                 peer = _recording(peer, args.record_vllm_format)
-            summaries, raw = run_server(key, peer, ctx, args, Path(tmp))
+            try:
+                summaries, raw = run_server(key, peer, ctx, args, Path(tmp))
+            except (RuntimeError, subprocess.SubprocessError) as e:  # one broken engine must not cost the others
+                print(f"peers: {key} failed, so its row is left out: {e}", flush=True)
+                report.setdefault("failed", {})[key] = str(e).strip().splitlines()[0]
+                continue
             info = ctx.info.get(key, {})
             report["engines"][key] = dict(engine=peer.engine, label=info.get("label", peer.label), format=peer.format,
                                           weight_bytes=info.get("weight_bytes") or weight_bytes(peer),
@@ -160,9 +168,14 @@ def main(argv=None) -> None:
             report["runs"][key], report["raw"][key] = summaries, raw
             with open(args.save, "w") as f:  # after every server: a failure later keeps what was measured
                 json.dump(report, f, indent=1)
-    report = report_lib.load(args.save)
-    print("\n" + report_lib.render(report))
+    with open(args.save, "w") as f:  # also when no engine ran: the failures are the report
+        json.dump(report, f, indent=1)
+    if report["runs"]:
+        print("\n" + report_lib.render(report_lib.load(args.save)))
     print(f"\nsaved {args.save}")
+    if report.get("failed"):
+        raise SystemExit("peers: these engines failed and have no row: "
+                         + "; ".join(f"{k} ({why})" for k, why in report["failed"].items()))
 
 
 def _recording(peer, path):

@@ -284,16 +284,20 @@ def test_the_llama_cpp_row_names_an_avx2_build(monkeypatch, build, name):
     assert ctx.info["llama.cpp-q4_1"]["label"] == name and cmd[0] == f"/x/build-{build}/bin/llama-server"
 
 
-def test_llama_cpp_builds_native_or_avx2_only():
+def test_llama_cpp_builds_native_avx2_or_avx512_without_amx():
     import llama_server
 
     native = llama_server.cmake_command("native", Path("src"), Path("out"), "Ninja")
     avx2 = llama_server.cmake_command("avx2", Path("src"), Path("out"), None)
+    avx512 = llama_server.cmake_command("avx512", Path("src"), Path("out"), None)
     assert "-DGGML_NATIVE=ON" in native and "-G" in native
     assert "-DGGML_NATIVE=OFF" in avx2 and "-DGGML_AVX2=ON" in avx2 and "-DGGML_AVX512=OFF" in avx2
+    assert "-DGGML_NATIVE=OFF" in avx512 and "-DGGML_AVX512=ON" in avx512 and "-DGGML_AVX512_BF16=ON" in avx512
+    for amx in ("-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"):
+        assert amx in avx2 and amx in avx512
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in avx2  # no asset download at build time
-    with pytest.raises(ValueError, match="build='avx512' is invalid"):
-        llama_server.cmake_command("avx512", Path("src"), Path("out"), None)
+    with pytest.raises(ValueError, match="build='avx10' is invalid: must be one of native, avx2, avx512"):
+        llama_server.cmake_command("avx10", Path("src"), Path("out"), None)
 
 
 def test_llama_cpp_build_says_what_it_needs(tmp_path, monkeypatch):
@@ -374,3 +378,22 @@ def test_a_run_counts_tokens_and_stops_its_server(mode, tmp_path, default_model_
     while alive(pidfile) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(pidfile), "the server outlived the run"
+
+
+@pytest.mark.slow
+def test_an_engine_that_fails_leaves_its_row_out_and_the_others_in(tmp_path, monkeypatch, default_model_dir):
+    """A server that dies or miscounts costs its own row, not the whole run: the
+    others are measured and saved, and the run exits non-zero naming the failure."""
+    import peer_servers
+    import peers as script
+
+    monkeypatch.setitem(peer_servers.PEERS, "fake-broken", fake_peer("ignores-eos", tmp_path / "pid1"))
+    monkeypatch.setitem(peer_servers.PEERS, "fake-honest", fake_peer("honest", tmp_path / "pid2"))
+    out = tmp_path / "peers.json"
+    with pytest.raises(SystemExit, match=r"these engines failed and have no row: fake-broken \(fake-broken at "
+                                         r"concurrency 2: .*did not have 8 output tokens"):
+        script.main(["--engines", "fake-broken,fake-honest", "--concurrency", "2", "--num-prompts", "3",
+                     "--input-len", "16", "--output-len", "8", "--threads", "1", "--save", str(out)])
+    report = json.loads(out.read_text())
+    assert list(report["runs"]) == ["fake-honest"] and report["runs"]["fake-honest"]["2"]["completed"] == 3
+    assert list(report["failed"]) == ["fake-broken"]
