@@ -271,6 +271,9 @@ def test_quantized_model_still_answers_sensibly(fresh_llm, method, group_size):
 @pytest.mark.slow
 def test_lm_head_option(fresh_llm):
     llm = fresh_llm()
+    with pytest.raises(ValueError, match=r"lm_head='int3' is invalid: must be None or one of 'int8', 'int4'"):
+        quantize_model(llm.model, "int8", lm_head="int3")
+    assert isinstance(llm.model.model.layers[0].mlp.down_proj, torch.nn.Linear)  # refused before any swap
     quantize_model(llm.model, "int8", lm_head="int8")
     assert isinstance(llm.model.lm_head, Int8LMHead)
     assert isinstance(llm.model.model.embed_tokens, torch.nn.Embedding)  # still the fp32 table

@@ -259,15 +259,18 @@ class Int8LMHead(Int8Linear):
     """The LM head in INT8 (quantize_model's lm_head="int8"), as GGUF files keep
     theirs: SmolLM2's Q4_1 file stores its tied embedding and head in Q8_0.
 
-    The head is the largest matrix a decode step reads (49152 x 576 in SmolLM2,
-    a fifth of an INT4 step's bytes in bf16). One sequence's row goes through
+    The head is the largest matrix a decode step reads (49152 x 576 in SmolLM2:
+    in bf16, 57 of the 123 MB an INT4 step reads). One sequence's row goes through
     the INT8 kernel, which reads 1 byte per weight instead of 2 (bf16) or 4.
     That kernel's time grows with every row, so more rows take a de-quantized
     copy of the same weights (a kernel layout, packed for oneDNN where this CPU
-    packs its dtype). Measured on the 49152 x 576 head, bf16 rows, 2 cores:
+    packs its dtype). Measured on the 49152 x 576 head alone, bf16 rows, 2 cores
+    of an Intel Xeon (AVX-512 BF16), then the same kept to AVX2:
       rows:                          1      4     32
       AVX-512 BF16: INT8 kernel   0.86   1.63   13.1 ms   packed bf16 copy 1.10  1.11  1.94
       AVX2 only:    INT8 kernel   1.14   2.47   20.1 ms   bf16 F.linear    2.13  8.04  54.3
+    Inside a decode step, where the head comes from memory rather than cache,
+    the one-row kernel took 2.5-2.7 ms (the packed bf16 head 2.7, the AVX2 bf16 one 5.3).
     Both paths multiply by the same de-quantized weights, so a sequence's tokens
     do not depend on how many others share its step beyond rounding."""
 
@@ -383,12 +386,12 @@ def quantize_model(model: nn.Module, method: str | None, group_size: int = 128, 
     of the weight)."""
     if method is not None:
         check_method(method, group_size)
-    if lm_head is not None:
-        check_method(lm_head, group_size)
+    if lm_head not in (None, *METHODS):
+        raise ValueError(f"lm_head={lm_head!r} is invalid: must be None or one of {', '.join(map(repr, METHODS))}")
     targets = [(layer, name, method) for layer in model.model.layers for name in LAYER_LINEARS if method]
     if lm_head is not None:
         targets.append((model, "lm_head", lm_head))
-    for parent, dotted, method in targets:
+    for parent, dotted, kind in targets:
         *path, leaf = dotted.split(".")
         owner = parent
         for part in path:
@@ -397,7 +400,7 @@ def quantize_model(model: nn.Module, method: str | None, group_size: int = 128, 
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"{dotted} is a {type(linear).__name__}; is the model already quantized?")
         w = linear.weight.detach()
-        if method == "int4":
+        if kind == "int4":
             new = Int4Linear.from_weight(w, group_size, use_kernel)
         else:
             new = (Int8LMHead if dotted == "lm_head" else Int8Linear).from_weight(w, use_kernel)
