@@ -204,14 +204,25 @@ class PackedLinear(nn.Linear, PackedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is None or x.dtype is not self.weight.dtype or not x.is_cpu or wants_grad(x) \
                 or (torch.is_grad_enabled() and self.weight.requires_grad):
-            if x.dtype is self.weight.dtype and x.dtype in UPCAST_DTYPES and x.is_cpu \
-                    and x.numel() // self.in_features >= UPCAST_MIN_ROWS:
-                return upcast_linear(x, self.weight)  # fp32 product, one rounding (autograd follows the casts)
-            return F.linear(x, self.weight, self.bias)
+            return plain_linear(x, self.weight, self.bias)
         self.check_layout()
-        if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
-            return torch.ops.tinyinfer.packed_linear(x, self.packed_weight, self.out_features)
-        return linear_packed(x, self.packed_weight)  # eager: skip the custom operator's dispatch
+        return packed_linear(x, self.packed_weight, self.out_features)
+
+
+def plain_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) without a packed copy: in fp32 for several bf16 rows
+    on a CPU without bf16 units (UPCAST_DTYPES), else F.linear."""
+    if x.dtype is weight.dtype and x.dtype in UPCAST_DTYPES and x.is_cpu and bias is None \
+            and x.numel() // weight.shape[1] >= UPCAST_MIN_ROWS:
+        return upcast_linear(x, weight)  # fp32 product, one rounding (autograd follows the casts)
+    return F.linear(x, weight, bias)
+
+
+def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x @ W.T through a packed copy of W that may serve x (rule 3 checked by the caller)."""
+    if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
+        return torch.ops.tinyinfer.packed_linear(x, packed_weight, out_features)
+    return linear_packed(x, packed_weight)  # eager: skip the custom operator's dispatch
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

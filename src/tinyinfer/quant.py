@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, linear_packed, pack_weight, packable,
-                         upcast_linear, wants_grad)
+from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, pack_weight, packable, packed_linear,
+                         plain_linear, wants_grad)
 
 METHODS = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)
@@ -294,12 +294,8 @@ class Int8LMHead(Int8Linear):
             return super().forward(x)  # the reference path
         self.check_layout()
         if self.packed_weight is not None:
-            if torch.compiler.is_compiling():  # one opaque kernel inside the compiled graph
-                return torch.ops.tinyinfer.packed_linear(x, self.packed_weight, self.out_features)
-            return linear_packed(x, self.packed_weight)
-        if x.dtype in UPCAST_DTYPES and x.is_cpu and rows >= UPCAST_MIN_ROWS:
-            return upcast_linear(x, self.dense_weight)  # as cpu_linear.PackedLinear does on such a CPU
-        return F.linear(x, self.dense_weight)
+            return packed_linear(x, self.packed_weight, self.out_features)
+        return plain_linear(x, self.dense_weight)  # as cpu_linear.PackedLinear multiplies without a packed copy
 
 
 class Int4Linear(QuantizedLinear):
