@@ -42,6 +42,9 @@ import torch  # noqa: E402
 from tinyinfer import LLM, SamplingParams  # noqa: E402
 from tinyinfer.hardware import measure_bandwidth  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode import time_tinyinfer, time_transformers  # noqa: E402  (the same timers as decode.py)
+
 # The two shapes (from each model's config.json on the Hub); vocabulary and
 # tokenizer are SmolLM2's, so the same tokenizer files serve both.
 SHAPES = {
@@ -60,11 +63,6 @@ RESULTS: dict = {}
 
 
 DEVICE = "cuda"  # --device cpu runs the same code on a CPU, with --sizes tiny: a smoke test of this script
-
-
-def sync():
-    if DEVICE.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def make_model(name: str, dtype: torch.dtype, tokenizer_dir: Path, root: Path) -> Path:
@@ -144,28 +142,6 @@ def parity(folder: Path, dtype, compiled: bool, n: int = 48) -> dict:
     return row
 
 
-def time_tinyinfer(llm, ids, batch, n):
-    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    sync()
-    t = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": ids}] * batch, params, use_tqdm=False)
-    sync()
-    assert all(len(o.outputs[0].token_ids) == n for o in outs)
-    return time.perf_counter() - t
-
-
-def time_hf(hf, ids, batch, n):
-    x = torch.tensor([ids] * batch, device=DEVICE)
-    sync()
-    t = time.perf_counter()
-    with torch.inference_mode():
-        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=2)
-    sync()
-    assert out.shape[1] == len(ids) + n
-    return time.perf_counter() - t
-
-
 def speed(folder: Path, bw: float, batches=(1, 8), n=128, repeats=3) -> list[dict]:
     rows = []
     hf = hf_model(folder, torch.bfloat16)
@@ -183,12 +159,12 @@ def speed(folder: Path, bw: float, batches=(1, 8), n=128, repeats=3) -> list[dic
     for batch in batches:
         times = {name: [] for name in (*engines, "transformers")}
         for name, e in engines.items():
-            time_tinyinfer(e, ids, batch, 8)  # warm-up
-        time_hf(hf, ids, batch, 8)
+            time_tinyinfer(e, ids, 8, batch)  # warm-up
+        time_transformers(hf, ids, 8, batch)
         for _ in range(repeats):  # interleaved, so a slow moment hits every engine
             for name, e in engines.items():
-                times[name].append(time_tinyinfer(e, ids, batch, n))
-            times["transformers"].append(time_hf(hf, ids, batch, n))
+                times[name].append(time_tinyinfer(e, ids, n, batch))
+            times["transformers"].append(time_transformers(hf, ids, n, batch))
         hf_tps = batch * n / min(times["transformers"])
         for name, ts in times.items():
             tps = batch * n / min(ts)

@@ -37,9 +37,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_tinyinfer(llm, ids, n):
+def time_tinyinfer(llm, ids, n, batch):
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    prompts = [{"prompt_token_ids": ids}] * BATCH
+    prompts = [{"prompt_token_ids": ids}] * batch
     sync(llm.device)
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -49,8 +49,8 @@ def time_tinyinfer(llm, ids, n):
     return dt
 
 
-def time_transformers(hf, ids, n):
-    x = torch.tensor([ids] * BATCH, device=hf.device)
+def time_transformers(hf, ids, n, batch):
+    x = torch.tensor([ids] * batch, device=hf.device)
     sync(hf.device)
     t = time.perf_counter()
     with torch.inference_mode():
@@ -63,7 +63,6 @@ def time_transformers(hf, ids, n):
 
 
 def main():
-    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
@@ -93,14 +92,13 @@ def main():
         ids = llm.tokenizer.encode(PROMPT)[:32]
         weight_bytes = sum(p.numel() * p.element_size() for p in llm.model.parameters())
         for batch in map(int, args.batches.split(",")):
-            BATCH = batch
-            warm = time_tinyinfer(llm, ids, 8)  # warm-up
-            time_transformers(hf, ids, 8)
+            warm = time_tinyinfer(llm, ids, 8, batch)  # warm-up
+            time_transformers(hf, ids, 8, batch)
             print(f"warm-up, {dtype} batch {batch}: tinyinfer {warm:.1f} s")
             ours, theirs = [], []
             for _ in range(args.repeats):
-                ours.append(time_tinyinfer(llm, ids, args.new_tokens))
-                theirs.append(time_transformers(hf, ids, args.new_tokens))
+                ours.append(time_tinyinfer(llm, ids, args.new_tokens, batch))
+                theirs.append(time_transformers(hf, ids, args.new_tokens, batch))
             tok = batch * args.new_tokens
             o, h = tok / min(ours), tok / min(theirs)
             bound = bw / weight_bytes  # steps/s if each step only read the weights once

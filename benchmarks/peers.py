@@ -160,16 +160,15 @@ def main(argv=None) -> None:
             except (RuntimeError, subprocess.SubprocessError) as e:  # one broken engine must not cost the others
                 print(f"peers: {key} failed, so its row is left out: {e}", flush=True)
                 report.setdefault("failed", {})[key] = str(e).strip().splitlines()[0]
-                continue
-            info = ctx.info.get(key, {})
-            report["engines"][key] = dict(engine=peer.engine, label=info.get("label", peer.label), format=peer.format,
-                                          weight_bytes=info.get("weight_bytes") or weight_bytes(peer),
-                                          version=info.get("version"), command=info.get("command"))
-            report["runs"][key], report["raw"][key] = summaries, raw
+            else:
+                info = ctx.info.get(key, {})
+                report["engines"][key] = dict(engine=peer.engine, label=info.get("label", peer.label),
+                                              format=peer.format,
+                                              weight_bytes=info.get("weight_bytes") or weight_bytes(peer),
+                                              version=info.get("version"), command=info.get("command"))
+                report["runs"][key], report["raw"][key] = summaries, raw
             with open(args.save, "w") as f:  # after every server: a failure later keeps what was measured
                 json.dump(report, f, indent=1)
-    with open(args.save, "w") as f:  # also when no engine ran: the failures are the report
-        json.dump(report, f, indent=1)
     if report["runs"]:
         print("\n" + report_lib.render(report_lib.load(args.save)))
     print(f"\nsaved {args.save}")
