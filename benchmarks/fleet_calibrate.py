@@ -56,6 +56,11 @@ def main():
     print(f"calibrate: {time.perf_counter() - t:.1f} s -> {cost}")
     print("  prefill (tokens, s):", [(T, round(s, 4)) for T, s in points["prefill"]])
     print("  decode (batch, s):  ", [(B, round(s, 4)) for B, s in points["decode"]])
+    # how well the two lines reproduce their own points (tests check the fit's arithmetic
+    # on scripted timings; how close it comes on this machine is this benchmark's question)
+    fitted = [(f"prefill {T}", cost.step_time(prefill_tokens=T), s) for T, s in points["prefill"]]
+    fitted += [(f"decode {B}", cost.step_time(decode_seqs=B), s) for B, s in points["decode"]]
+    print("  fit / measured:     ", ", ".join(f"{name} {f / s:.2f}" for name, f, s in fitted))
 
     rng = np.random.default_rng(1)
     records = [{"arrival_time": 0.0, "prompt_len": int(rng.integers(16, 200)), "output_len": int(rng.integers(8, 32))}

@@ -282,7 +282,7 @@ def test_a_prompt_that_can_never_fit_a_step_is_refused_at_once(tiny_dir):
     t = time.perf_counter()
     with pytest.raises(ValueError, match=r"max_num_batched_tokens=32.*enable_chunked_prefill=False"):
         llm.generate(["word " * 60], SamplingParams(max_tokens=4))
-    assert time.perf_counter() - t < 1.0
+    assert time.perf_counter() - t < 10  # a no-hang bound: refusing takes microseconds, the old loop forever
     assert not llm.llm_engine.has_unfinished_requests()
     out = llm.generate(["word " * 10], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4

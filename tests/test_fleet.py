@@ -1,5 +1,7 @@
 """The fleet simulator: determinism, conservation, routing, faults, queueing theory,
-disaggregation. All fast (pure Python, no model) except the calibrate test."""
+disaggregation. All fast (pure Python, no model) except the calibrate tests, which run
+the model but never compare its timings with a bound."""
+import importlib
 import json
 import math
 
@@ -284,26 +286,50 @@ def test_calibrate_names_what_it_needs():
         calibrate(object())
 
 
+# No test here compares a measured time with a bound: the suite shares the cores
+# with its own notebook streams (and a laptop with a browser), so a real step can
+# take any time. The fit's arithmetic is checked with scripted timings; the real
+# model is only asked to produce numbers. How well the fit predicts this machine
+# is a benchmark's question (benchmarks/fleet_calibrate.py prints the ratios).
+
+
+def _finite_positive(*xs):
+    return all(math.isfinite(x) and x > 0 for x in xs)
+
+
 @pytest.mark.slow
-def test_calibrate_fits_the_real_model(llm):
-    # The linear fit reproduces its own measurements to within a factor of two;
-    # a wrong fit (units, a swapped term) is off by far more. One point timed
-    # while another job took the CPUs can pull a fit of three points further
-    # than that (a CI run saw 0.09 s measured against 0.22 s fitted), so a
-    # calibration that misses is retried, twice at most: a wrong fit misses every time.
-    misses = []
-    for _ in range(3):
-        cost, m = calibrate(llm, return_measurements=True)
-        assert cost.prefill_s_per_token > 0 and cost.decode_base_s > 0
-        ratios = [cost.step_time(decode_seqs=B) / t for B, t in m["decode"]]
-        T, t = m["prefill"][-1]
-        ratios.append(cost.step_time(prefill_tokens=T) / t)
-        if all(0.5 < r < 2 for r in ratios):
-            break
-        misses.append([round(r, 2) for r in ratios])
-    else:
-        pytest.fail(f"the fit missed its own measurements by over 2x in every calibration: {misses}")
+def test_calibrate_measures_the_real_model(llm):
+    _fit_cost = importlib.import_module("tinyinfer.fleet.calibrate")._fit_cost
+
+    cost, m = calibrate(llm, return_measurements=True)
+    assert [T for T, _ in m["prefill"]] == [16, 64, 128] and [B for B, _ in m["decode"]] == [1, 4, 8]
+    assert _finite_positive(*(t for _, t in m["prefill"] + m["decode"]))
+    assert cost == _fit_cost(m["prefill"], m["decode"], False)  # the model is the fit of its own points
     assert math.isfinite(simulate(make_workload(20, rate=1.0), 1, cost).e2e.p95)
+
+
+def test_calibrate_fits_the_lines_through_scripted_timings(monkeypatch, tiny_dir):
+    """Each measured point lands on the right axis: with timings scripted on two
+    known lines, the fit gives back their slopes and the decode intercept."""
+    from tinyinfer import LLM
+
+    cal = importlib.import_module("tinyinfer.fleet.calibrate")  # the module (the package exports the function)
+
+    true = StepCostModel(prefill_s_per_token=3e-4, decode_base_s=0.02, decode_s_per_seq=4e-3)
+    script = [0.005 + true.prefill_s_per_token * T for T in (16, 64, 128)]
+    script += [true.step_time(decode_seqs=B) for B in (1, 4, 8)]
+    calls = iter(script)
+
+    def scripted_best_time(fn, device, repeats):
+        fn()  # the real forward pass still runs: shapes and caches are exercised
+        return next(calls)
+
+    monkeypatch.setattr(cal, "best_time", scripted_best_time)
+    llm = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    cost, m = calibrate(llm, return_measurements=True)
+    assert [t for _, t in m["prefill"] + m["decode"]] == script
+    for name in ("prefill_s_per_token", "decode_base_s", "decode_s_per_seq"):
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-9), name
 
 
 def test_fit_steps_recovers_a_plane_and_clips_noise_below_zero():
@@ -321,18 +347,42 @@ def test_fit_steps_recovers_a_plane_and_clips_noise_below_zero():
         fit_steps([(0, 1, 0.03)])
 
 
+class _ScriptedClock:
+    """A clock for calibrate_steps: read before a step, it gives the time; read
+    after it, it moves on by what `true` says a step of the engine's last batch
+    costs. So every timed step costs exactly its plane value, whatever the CPU does."""
+
+    def __init__(self, engine, true: StepCostModel):
+        self.engine, self.true, self.now, self.after = engine, true, 100.0, False
+
+    def __call__(self) -> float:
+        if self.after:
+            s = self.engine.stats
+            self.now += self.true.step_time(prefill_tokens=s.num_prefill_tokens, decode_seqs=s.num_decode_tokens)
+        self.after = not self.after
+        return self.now
+
+
 @pytest.mark.slow
 def test_calibrate_steps_times_every_kind_of_step(llm):
-    from tinyinfer.fleet import calibrate_steps
+    from tinyinfer.fleet import calibrate_steps, fit_steps
 
     engine = llm.llm_engine
-    cost, m = calibrate_steps(engine, prompt_lens=(16, 48), batch_sizes=(1, 3), repeats=2, return_measurements=True)
+    true = StepCostModel(prefill_s_per_token=3e-4, decode_base_s=0.02, decode_s_per_seq=4e-3)
+    cost, m = calibrate_steps(engine, prompt_lens=(16, 48), batch_sizes=(1, 3), repeats=2,
+                              return_measurements=True, clock=_ScriptedClock(engine, true))
     assert {(p, d) for p, d, _ in m["steps"]} == {(16, 0), (48, 0), (0, 1), (0, 3), (48, 1), (48, 3)}
     kinds = {(p > 0, d > 0) for p, d, _ in m["steps"]}
     assert kinds == {(True, False), (False, True), (True, True)}  # prompts, decodes, and both at once
-    assert (0, 3) in {(p, d) for p, d, _ in m["steps"]}
     assert not engine.has_unfinished_requests()
+    for p, d, t in m["steps"]:  # each point carries the time of the step it names
+        assert t == pytest.approx(true.step_time(prefill_tokens=p, decode_seqs=d), rel=1e-9), (p, d)
+    for name in ("prefill_s_per_token", "decode_base_s", "decode_s_per_seq"):
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-6), name
     with pytest.raises(ValueError, match=r"batch_sizes=\(1, 99\) is invalid: each must be in \[1, "):
         calibrate_steps(engine, batch_sizes=(1, 99))
-    for p, d, t in m["steps"]:  # the plane reproduces its own points within a factor of two
-        assert 0.5 < cost.step_time(prefill_tokens=p, decode_seqs=d) / t < 2
+    # the real clock: numbers come out, and the plane is the fit of its own points
+    cost, m = calibrate_steps(engine, prompt_lens=(16, 48), batch_sizes=(1, 3), repeats=1, return_measurements=True)
+    assert all(math.isfinite(t) and t > 0 for _, _, t in m["steps"])
+    assert cost == fit_steps(m["steps"])
+    assert not engine.has_unfinished_requests()

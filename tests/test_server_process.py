@@ -88,14 +88,15 @@ def test_core_process_death_is_a_clear_error_not_a_hang(spawned):
     """Last in this module: it kills the engine core."""
     body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
     events = []
-    start = time.monotonic()
     with httpx.stream("POST", spawned.url + "/v1/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 events.append(line[6:])
                 if len(events) == 2:
                     os.kill(spawned.client.pid, signal.SIGKILL)  # as the out-of-memory killer would
-    assert time.monotonic() - start < 30  # the stream ended by itself, well before 400 tokens
+    # the stream ended by itself, well before 400 tokens (a hang would hit the client's 60 s timeout);
+    # counted in events, not seconds, so a busy machine cannot fail it
+    assert len(events) < 100, len(events)
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert "engine core stopped" in error["message"]

@@ -82,7 +82,7 @@ def calibrate(llm_or_engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 4, 8),
 
 
 def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8), context: int = 64,
-                    repeats: int = 3, return_measurements: bool = False):
+                    repeats: int = 3, return_measurements: bool = False, clock=time.perf_counter):
     """Like calibrate(), but times whole LLMEngine.step() calls, so the fit also
     covers what a real step pays besides the forward pass: scheduling, building
     the paged-attention metadata, sampling and detokenising. Use it when the
@@ -99,7 +99,13 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
     benchmarks/linear.py --batches 1,2), and then grow slowly, so batch 1 is
     cheaper than the plane says and batch 2 dearer; the plane splits the difference.
 
-    The engine must be idle; it is left idle."""
+    `clock` reads the time before and after each step. A test hands in a
+    scripted clock whose steps cost what it says, so that it can check the fit's
+    arithmetic without depending on how busy the machine is.
+
+    The engine must be idle; it is left idle. Its prefix cache is emptied
+    first: the prompts are seeded, so a second calibration would otherwise find
+    its prompts cached and time steps that compute only part of them."""
     from ..llm_engine import run_until_done
     from ..sampling import SamplingParams
 
@@ -108,6 +114,7 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
     if max(batch_sizes) > engine.max_num_seqs:  # that many could never decode together: it would wait forever
         raise ValueError(f"calibrate_steps: batch_sizes={tuple(batch_sizes)} is invalid: each must be in "
                          f"[1, {engine.max_num_seqs}] (the engine's max_num_seqs)")
+    engine.reset_prefix_cache()
     vocab = engine.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
@@ -123,9 +130,9 @@ def calibrate_steps(engine, prompt_lens=(16, 64, 128), batch_sizes=(1, 2, 4, 8),
             engine.step()
 
     def timed_step() -> tuple[int, int, float]:
-        t = time.perf_counter()
+        t = clock()
         engine.step()
-        return engine.stats.num_prefill_tokens, engine.stats.num_decode_tokens, time.perf_counter() - t
+        return engine.stats.num_prefill_tokens, engine.stats.num_decode_tokens, clock() - t
 
     def median_point(points: list[tuple[int, int, float]]) -> tuple[int, int, float]:
         return points[0][0], points[0][1], float(np.median([s for _, _, s in points]))

@@ -95,23 +95,36 @@ def _same(got, expected) -> bool:
 
 def _run(time_step):
     def run(durations, device, repeats):
-        script = _Script(durations)
-        on_gpu = torch.device(device).type == "cuda"
-        real = torch.cuda.synchronize
-        if on_gpu:  # a pretend GPU: the check watches synchronize() instead of calling it
-            torch.cuda.synchronize = script.synchronize
-        try:
-            seconds = time_step(script, device, repeats)
-        finally:
-            torch.cuda.synchronize = real
-        timed = script.taken[1:] or [math.nan]
-        synced = None
-        if on_gpu:
-            ev = script.events
-            synced = all(i + 1 < len(ev) and ev[i + 1] == "sync" for i, e in enumerate(ev) if e == "step")
-        return _Timing(len(script.taken), float(seconds) if isinstance(seconds, (int, float)) else seconds,
-                       min(timed), synced)
+        # A busy machine can pause this process between the harness's clock read
+        # and the step's own, pushing a right answer past SLACK. So a run that is
+        # right in everything but that is tried again, three times at most: a
+        # wrong harness is off by 10 ms or more on every try.
+        for _ in range(3):
+            timing = _run_once(time_step, durations, device, repeats)
+            if not (isinstance(timing.seconds, float) and timing.seconds > timing.fastest + SLACK):
+                return timing
+        return timing
     return run
+
+
+def _run_once(time_step, durations, device, repeats):
+    """One run of the harness on a scripted step: what it did (a _Timing)."""
+    script = _Script(durations)
+    on_gpu = torch.device(device).type == "cuda"
+    real = torch.cuda.synchronize
+    if on_gpu:  # a pretend GPU: the check watches synchronize() instead of calling it
+        torch.cuda.synchronize = script.synchronize
+    try:
+        seconds = time_step(script, device, repeats)
+    finally:
+        torch.cuda.synchronize = real
+    timed = script.taken[1:] or [math.nan]
+    synced = None
+    if on_gpu:
+        ev = script.events
+        synced = all(i + 1 < len(ev) and ev[i + 1] == "sync" for i, e in enumerate(ev) if e == "step")
+    return _Timing(len(script.taken), float(seconds) if isinstance(seconds, (int, float)) else seconds,
+                   min(timed), synced)
 
 
 def _cases() -> list[Case]:
