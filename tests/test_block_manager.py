@@ -188,3 +188,20 @@ def test_bad_sizes_are_rejected_with_the_field_name():
         BlockManager(0, 16)
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)
+
+
+def test_a_block_is_found_only_after_the_same_prefix():
+    """A block's keys and values depend on every token before it, so a cached block
+    is reused only behind the same parents. Here the block [5, 6, 7, 8] was computed
+    after [1, 2, 3, 4]; a prompt that starts with [5, 6, 7, 8] must not get it (its
+    tokens match, its past does not). A hash that ignored the parent would hand it
+    over, and that prompt would continue from another prompt's keys."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    first = Seq("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.allocate(first, 9)
+    first.num_computed_tokens = 9
+    bm.mark_computed(first)
+    bm.free(first)
+    assert len(bm.match_prefix(Seq("same", [1, 2, 3, 4, 5, 6, 7, 8, 10]))) == 2  # both blocks, behind the same past
+    assert bm.match_prefix(Seq("shifted", [5, 6, 7, 8, 9])) == []  # block 2's tokens, but at the start
+    assert bm.match_prefix(Seq("other-past", [0, 2, 3, 4, 5, 6, 7, 8, 9])) == []  # the first block differs

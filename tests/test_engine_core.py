@@ -393,3 +393,27 @@ def test_the_server_returns_n_choices(tiny_dir):
     assert whole["usage"]["completion_tokens"] == 12
     assert streamed == {c.index: c.text for c in want}
     assert want[0].text != want[1].text
+
+
+def test_the_newest_running_sequence_is_the_one_preempted(tiny_dir):
+    """When the KV pool runs out, the sequence admitted last gives its blocks back
+    (it has waited least, as in vLLM), and the older ones keep running. Three
+    prompts of 8 tokens fill 6 of 7 blocks of 4; each first decode token needs a
+    block of its own: a takes the last free one, so b's needs c's."""
+    engine = LLMEngine(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=7, block_size=4,
+                       enable_prefix_caching=False)
+    for rid, first in (("a", 10), ("b", 30), ("c", 50)):
+        engine.add_request({"prompt_token_ids": list(range(first, first + 8))},
+                           SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), request_id=rid)
+    schedule, preempted = engine.scheduler.schedule, []
+
+    def watched():
+        out = schedule()
+        preempted.append([seq.request_id for seq in out.preempted])
+        return out
+
+    engine.scheduler.schedule = watched
+    done = run_until_done(engine)
+    first = next(p for p in preempted if p)
+    assert first == ["c"], preempted
+    assert {rid: len(o.outputs[0].token_ids) for rid, o in done.items()} == {"a": 3, "b": 3, "c": 3}

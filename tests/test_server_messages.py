@@ -144,3 +144,29 @@ def test_every_field_of_every_message_is_read():
         if dataclasses.is_dataclass(cls) and cls.__module__ == messages.__name__:
             for f in dataclasses.fields(cls):
                 assert f.name in read, f"{cls.__name__}.{f.name} is sent but never read"
+
+
+def test_a_sample_that_finishes_first_is_reported_once():
+    """n=2, and sample 0 stops two steps before sample 1. The core sends each
+    sample's tokens once and its finish once: a finished sample sends nothing more
+    while its sibling goes on (a client would otherwise see it finish again)."""
+    from tinyinfer.outputs import CompletionOutput, RequestOutput
+    from tinyinfer.server.engine_core import RequestProgress
+
+    def out(s0, s1, reasons, finished=False):
+        samples = [CompletionOutput(i, "".join(chr(96 + t) for t in ids), list(ids), None, None, r)
+                   for i, (ids, r) in enumerate(zip((s0, s1), reasons))]
+        return RequestOutput("r", "p", [1], None, samples, finished)
+
+    steps = [out([1], [2], (None, None)),
+             out([1, 3], [2, 4], ("stop", None)),
+             out([1, 3], [2, 4, 5], ("stop", None)),
+             out([1, 3], [2, 4, 5, 6], ("stop", "length"), finished=True)]
+    progress = RequestProgress(now=0.0)
+    sent = [progress.deltas(o) for o in steps]
+    assert [[d.index for d in step] for step in sent] == [[0, 1], [0, 1], [1], [1]]
+    for index, final in ((0, steps[-1].outputs[0]), (1, steps[-1].outputs[1])):
+        mine = [d for step in sent for d in step if d.index == index]
+        assert [t for d in mine for t in d.new_token_ids] == final.token_ids
+        assert "".join(d.text_delta for d in mine) == final.text
+        assert [d.finish_reason for d in mine if d.finish_reason] == [final.finish_reason]
