@@ -120,10 +120,82 @@ def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():
 
 
 def test_the_warm_up_crosses_every_row_limit_of_a_layer_up_to_max_num_seqs():
-    from tinyinfer.cpu_linear import UPCAST_MIN_ROWS
-    from tinyinfer.model_runner import path_switches
-    from tinyinfer.quant import KERNEL_MAX_ROWS
+    """Each kernel module declares its row limits (cpu_linear's rule 5); the runner
+    asks the prepared model for the sizes just past them, and knows no kernel constant."""
+    import torch
+    from torch import nn
 
-    wide = path_switches(1000)
-    assert UPCAST_MIN_ROWS in wide and all(limit + 1 in wide for limit in KERNEL_MAX_ROWS.values())
-    assert path_switches(16) == [n for n in wide if n <= 16] and path_switches(3) == []  # 2 and 3 are compiled anyway
+    from tinyinfer import quant
+    from tinyinfer.cpu_linear import UPCAST_DTYPES, UPCAST_MIN_ROWS, pack_for_cpu
+    from tinyinfer.prepare import PreparedModel
+
+    w = torch.randn(64, 128)
+    layers = [quant.Int8Linear.from_weight(w), quant.Int4Linear.from_weight(w.bfloat16(), 32),
+              quant.Int8LMHead.from_weight(w), *pack_for_cpu(nn.Sequential(nn.Linear(128, 64, bias=False).bfloat16()))]
+    prepared = PreparedModel(nn.Sequential(*layers))
+    want = set()
+    for layer in layers[:3]:
+        if layer.has_layout():
+            want.add(quant.KERNEL_MAX_ROWS[(layer.KIND, layer.kernel_dtype)] + 1)
+    if layers[2].has_layout():
+        want.add(quant.Int8LMHead.MAX_KERNEL_ROWS + 1)
+    if torch.bfloat16 in UPCAST_DTYPES:  # a CPU without bf16 units: bf16 rows from 4 on in fp32
+        want.add(UPCAST_MIN_ROWS)
+    wide = prepared.path_switches(1000)
+    assert wide == sorted(n for n in want if n > 3)
+    assert prepared.path_switches(16) == [n for n in wide if n <= 16] and prepared.path_switches(3) == []
+    import tinyinfer.model_runner as runner_module  # the runner knows no kernel: it asks the prepared model
+    source = open(runner_module.__file__).read()
+    assert "cpu_linear" not in source and "from .quant" not in source
+
+
+@pytest.mark.slow
+def test_compiled_steps_are_checked_swapped_and_explained(one_layer_dir, tiny_dir):
+    """Three promises of the compiled path, on one compiled engine:
+    - an in-place weight edit is refused before a compiled step, as before an eager one;
+    - a batch whose contexts are far apart (5 and 40 tokens) runs eagerly and says why in the stats;
+    - runner.model = m drops the compiled steps of the old model (else decode steps would run it)."""
+    import copy
+
+    import torch
+
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    eager = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    compiled = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
+    engine = compiled.llm_engine
+
+    long_prompt = " ".join(["word"] * 39)
+    for prompts in (PROMPTS[:1], [PROMPTS[0], long_prompt]):
+        want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+        assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == want, prompts
+    assert engine.stats.num_eager_decode_steps > 0  # the far-apart batch
+    reasons = set()
+    engine.add_request(PROMPTS[0], params)
+    engine.add_request(long_prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+        reasons.add(engine.stats.eager_decode_reason)
+    assert any(r and "groups" in r for r in reasons), reasons
+
+    weight = next(p for p in compiled.model.parameters() if p.dim() == 2)
+    with torch.no_grad():
+        weight.mul_(1)  # an in-place edit: the version counter moves, the layouts are stale
+    with pytest.raises(RuntimeError, match="repack"):
+        compiled.generate(PROMPTS[:1], params)
+    from tinyinfer.cpu_linear import repack
+
+    repack(compiled.model)
+    engine.abort_request(list(engine.requests))
+
+    deeper = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)  # 2 layers: another cache shape
+    with pytest.raises(ValueError, match="num_hidden_layers=1.*num_hidden_layers=2"):
+        compiled.runner.model = deeper.model
+    other = copy.deepcopy(eager.model)  # the same shapes, other weights
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-1.5)
+    repack(other)
+    eager.runner.model = other
+    want = [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
+    compiled.runner.model = copy.deepcopy(other)
+    assert [o.outputs[0].token_ids for o in compiled.generate(PROMPTS, params)] == want

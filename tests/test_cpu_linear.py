@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinyinfer import cpu_linear
-from tinyinfer.cpu_linear import PackedLinear, pack_for_cpu, repack
+from tinyinfer.cpu_linear import PackedLinear, check_layouts, pack_for_cpu, repack
 from tinyinfer.quant import Int4Linear, Int8Linear, kernel_available
 
 needs_packing = pytest.mark.skipif(not cpu_linear.PACKED_DTYPES, reason="PyTorch built without oneDNN")
@@ -112,9 +112,10 @@ def test_an_in_place_edit_is_refused_until_repack():
     before = model(x)
     with torch.no_grad():
         model[0].weight.mul_(2)  # bumps the weight's version counter
-    with pytest.raises(RuntimeError, match="repack"):
-        model(x)
+    with pytest.raises(RuntimeError, match=r"PackedLinear: .*changed in place.*repack"):
+        check_layouts(model)  # what the engine runs before each step (prepare.PreparedModel.check_current)
     repack(model)
+    check_layouts(model)
     torch.testing.assert_close(model(x), 2 * before, rtol=1e-5, atol=1e-5)
 
 
@@ -229,7 +230,7 @@ def test_quantized_layers_follow_the_same_rule(cls):
         if kind == "int4":
             layer.zeros.mul_(2)
     with pytest.raises(RuntimeError, match="repack"):
-        layer(x)
+        check_layouts(layer)
     repack(layer)
     torch.testing.assert_close(layer(x), 2 * want, rtol=1e-3, atol=1e-3)
 
@@ -298,3 +299,21 @@ def test_skipping_the_embeddings_init_touches_no_other_thread():
         b.join()
     assert nn.Embedding.reset_parameters is original
     assert 0.8 < made["other"].weight.std().item() < 1.2  # N(0, 1): its init ran
+
+
+def test_no_forward_in_the_kernel_layer_checks_freshness(monkeypatch):
+    """Rule 4 is checked once per step, by the engine, not inside 121 forward calls
+    (a packed linear's forward is one decision and one call)."""
+    def refuse(self):
+        raise AssertionError(f"{type(self).__name__}.forward called check_layout")
+
+    monkeypatch.setattr(cpu_linear.PackedModule, "check_layout", refuse)
+    x32, x16 = torch.randn(1, 128), torch.randn(5, 128).bfloat16()
+    layers = [pack_for_cpu(nn.Sequential(nn.Linear(128, 64, bias=False)))[0]]
+    layers += [pack_for_cpu(nn.Sequential(nn.Linear(128, 64, bias=False).bfloat16()))[0]]
+    w = torch.randn(64, 128)
+    layers += [Int8Linear.from_weight(w), Int4Linear.from_weight(w, 32)]
+    with torch.inference_mode():
+        for layer in layers:
+            for x in (x32, x16):
+                layer(x.to(layer.weight.dtype) if layer.weight.is_floating_point() else x)

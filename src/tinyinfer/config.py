@@ -116,6 +116,25 @@ def kv_bytes_per_token(shape, bytes_per_value: float = 2) -> float:
 # --- the engine's settings ------------------------------------------------------------
 
 
+# Weight-only quantization's choices. They live here, not in quant.py, so that
+# checking a setting imports no kernel code: EngineConfig is checked before
+# anything loads. quant.py reads them from here.
+QUANT_METHODS = ("int8", "int4")
+GROUP_SIZES = (32, 64, 128)
+# The engine offers the head in INT8 only, the format llama.cpp reads this
+# model's head in (Q8_0); quant.quantize_model(lm_head=...) also takes "int4".
+LM_HEAD_QUANTIZATIONS = (None, "int8")
+
+
+def check_quantization(method, group_size) -> None:
+    """Refuse a quantization method or group size, naming the field and its allowed values."""
+    if method not in QUANT_METHODS:
+        raise ValueError(f"quantization={method!r} is invalid: must be None or one of "
+                         f"{', '.join(map(repr, QUANT_METHODS))}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size={group_size!r} is invalid: must be one of {', '.join(map(str, GROUP_SIZES))}")
+
+
 def _opt(default, help: str, cli: bool = True):
     return field(default=default, metadata={"help": help, "cli": cli})
 
@@ -161,10 +180,8 @@ class EngineConfig:
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
         require(self.seed is None or is_int(self.seed), "seed", self.seed, "None or an integer")
         if self.quantization is not None or self.group_size != 128:
-            from .quant import check_method  # names the field and its allowed values
-
-            check_method(self.quantization or "int4", self.group_size)
-        check_choice("lm_head_quantization", self.lm_head_quantization, (None, "int8"))
+            check_quantization(self.quantization or "int4", self.group_size)
+        check_choice("lm_head_quantization", self.lm_head_quantization, LM_HEAD_QUANTIZATIONS)
         if not self.enforce_eager and self.scheduling == "static":  # the baseline stays as chapter 7 measures it
             raise ValueError("enforce_eager=False is invalid with scheduling='static': compiled decode steps "
                              "run on the paged cache; use scheduling='continuous'")

@@ -33,10 +33,21 @@ rule, so there is one rule for every kernel layout in the engine:
      backward). Anything else takes the plain path (F.linear, or de-quantize
      then matmul), which autograd understands.
   4. An in-place edit of a weight (`w.mul_(2)`, `w[0] = 0`) bumps its version
-     counter, and forward then refuses the stale layout with an error that
-     says to call repack(model). An edit through `w.data` is invisible (`.data`
-     is an alias with a counter of its own): after one, call repack(model),
-     or the kernel keeps reading the old weights.
+     counter. The engine checks every layout against those counters once
+     before each step, compiled or eager (prepare.PreparedModel.check_current,
+     which calls check_layouts), and refuses a stale one with an error that says
+     to call repack(model). Edits happen between steps, never inside one, so
+     forward itself checks nothing: it stays one decision and one call. Outside
+     the engine, call check_layouts(model) yourself. An edit through `w.data`
+     is invisible (`.data` is an alias with a counter of its own): after one,
+     call repack(model), or the kernel keeps reading the old weights.
+  5. Each module says at which numbers of rows its forward changes path
+     (`row_limits`): a compiled decode step is specialised to the path it
+     traced, so the engine compiles one graph past each limit at start-up.
+
+Memory: a layout is a second copy of its weights (a PackedLinear keeps the
+plain weight and the packed one), so a packed model holds about twice its
+weight bytes; quant.model_bytes counts the weights, not the layouts.
 
 Which kernel a layout is for is decided here, once, for the CPU at hand
 (`PACKED_DTYPES`): the packed fp32 kernel everywhere oneDNN is built in; bf16
@@ -147,10 +158,14 @@ class PackedModule(nn.Module):
         cannot be known: no layout made yet, or weights made in inference mode.)"""
         return self._layout_versions is not None and _versions(self.layout_sources()) == self._layout_versions
 
+    def row_limits(self) -> tuple[int, ...]:
+        """Rule 5: the row counts n at which forward takes another path for n + 1 rows."""
+        return ()
+
     def check_layout(self) -> None:
         """Rule 4: refuse a layout older than its weights' last in-place edit."""
-        if self._layout_versions is None or torch.compiler.is_compiling():
-            return  # compiled graphs were traced from a checked model
+        if self._layout_versions is None:
+            return  # made in inference mode: edits cannot be seen (see _versions)
         if _versions(self.layout_sources()) != self._layout_versions:
             raise RuntimeError(f"{type(self).__name__}: its weights were changed in place after their kernel layout "
                                "was made; call tinyinfer.cpu_linear.repack(model) after editing weights")
@@ -201,11 +216,14 @@ class PackedLinear(nn.Linear, PackedModule):
         packed = pack_weight(self.weight) if packable(self.weight, self.bias) else None
         self.register_buffer("packed_weight", packed, persistent=False)
 
+    def row_limits(self) -> tuple[int, ...]:
+        # a bf16 layer without a packed copy multiplies UPCAST_MIN_ROWS rows or more in fp32
+        return (UPCAST_MIN_ROWS - 1,) if self.weight.dtype in UPCAST_DTYPES and self.bias is None else ()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is None or x.dtype is not self.weight.dtype or not x.is_cpu or wants_grad(x) \
                 or (torch.is_grad_enabled() and self.weight.requires_grad):
             return plain_linear(x, self.weight, self.bias)
-        self.check_layout()
         return packed_linear(x, self.packed_weight, self.out_features)
 
 
@@ -271,6 +289,15 @@ def pack_for_cpu(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Modul
     # Every other layout is rebuilt from the weights as they are now, unless it was
     # just made from them: packing each weight twice would double LLM()'s load time.
     return repack(model, only_stale=True)
+
+
+def check_layouts(model_or_modules) -> None:
+    """Rule 4 for a whole model (or a list of its PackedModules): refuse, naming
+    the module, if any kernel layout is older than an in-place edit of its weights."""
+    modules = model_or_modules.modules() if isinstance(model_or_modules, nn.Module) else model_or_modules
+    for m in modules:
+        if isinstance(m, PackedModule):
+            m.check_layout()
 
 
 def repack(model: nn.Module, only_stale: bool = False) -> nn.Module:

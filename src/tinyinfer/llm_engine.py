@@ -28,9 +28,9 @@ import torch
 from .block_manager import BlockManager
 from .checks import check_context_window, check_prompt_ids
 from .config import EngineConfig, resolve_device, resolve_dtype
-from .cpu_linear import pack_for_cpu
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
+from .prepare import prepare_model
 from .request import Request
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerStats
@@ -67,13 +67,8 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted(eos)
-        model_ = load_model(folder, self.dtype, self.device)
-        if cfg.quantization or cfg.lm_head_quantization:  # weight-only: swap Linears for quantized twins
-            from .quant import quantize_model
-
-            quantize_model(model_, cfg.quantization, cfg.group_size, lm_head=cfg.lm_head_quantization)
-        if self.device.type == "cpu":  # kernel layouts for this CPU, made once (cpu_linear.py)
-            pack_for_cpu(model_)
+        model_ = prepare_model(load_model(folder, self.dtype, self.device), self.device, cfg.quantization,
+                               cfg.group_size, cfg.lm_head_quantization)  # quantize, then kernel layouts: once
         self.kv_bytes_per_token = int(self.model_config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8))
         num_blocks = cfg.num_kv_blocks or max(1, (cfg.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES[
             self.device.type]) // (self.kv_bytes_per_token * cfg.block_size))
@@ -186,8 +181,15 @@ class LLMEngine:
             progressed = self.scheduler.update_from_output(scheduler_output, sampled)
             outputs = self._make_outputs(progressed)
         self.scheduler.record_stats(self.stats, scheduler_output)
+        self._record_eager_decode(scheduler_output)
         self.stats.step_time_s = time.perf_counter() - t0
         return outputs
+
+    def _record_eager_decode(self, scheduler_output) -> None:
+        """With enforce_eager=False, a decode-only step that ran eagerly says why in the stats."""
+        reason = None if scheduler_output.is_empty else getattr(self.model_runner, "eager_decode_reason", None)
+        self.stats.eager_decode_reason = reason
+        self.stats.num_eager_decode_steps += reason is not None
 
     def _make_outputs(self, progressed) -> list[RequestOutput]:
         """One output per request (its n samples together); finished requests leave."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
+from .prepare import PreparedModel
 
 
 # A guard's source inside a decoder layer other than the first: the model's
@@ -63,31 +64,45 @@ class ModelOutput:
     prompt_logits: list[PromptLogits] = field(default_factory=list)
 
 
-def path_switches(max_num_seqs: int) -> list[int]:
-    """The batch sizes, up to max_num_seqs, at which a layer may change paths:
-    the first size past each row limit of cpu_linear (bf16 products of 4 rows
-    or more in fp32, on a CPU without bf16 units) and of quant (a packed kernel
-    up to KERNEL_MAX_ROWS rows). A compiled graph is specialised to the path it
-    traced, so each side of a switch is a graph of its own, compiled when a
-    batch first crosses it. Sizes 2 and 3 are compiled anyway."""
-    from .cpu_linear import UPCAST_MIN_ROWS
-    from .quant import KERNEL_MAX_ROWS
-
-    switches = {UPCAST_MIN_ROWS, *(limit + 1 for limit in KERNEL_MAX_ROWS.values())}
-    return sorted(n for n in switches if 3 < n <= max_num_seqs)
+def _check_same_cache_shape(old, new) -> None:
+    """A swapped-in model must fit the KV cache the runner already holds."""
+    names = ("num_hidden_layers", "num_key_value_heads", "head_dim")
+    if any(getattr(old, n) != getattr(new, n) for n in names):
+        shape = ", ".join(f"{n}={getattr(old, n)}" for n in names)
+        got = ", ".join(f"{n}={getattr(new, n)}" for n in names)
+        raise ValueError(f"runner.model: the KV cache was built for {shape}; the new model has {got}. "
+                         "Build a new engine for it")
 
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
                  enforce_eager: bool = True, max_num_seqs: int = 16):
-        self.model = model
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
         self.max_num_seqs = max_num_seqs  # the largest decode batch: compile_or_warm_up_model covers up to it
-        self._compiled_model = None  # made on the first decode step when enforce_eager is False
+        self.model = model  # a PreparedModel: the kernel modules, listed once
+        self._compiled_model = None  # made by compile_or_warm_up_model when enforce_eager is False
         self.paged_cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
         self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> K, V in host memory
+        self.eager_decode_reason: str | None = None  # why the last decode-only step did not run compiled
+
+    @property
+    def model(self):
+        return self.prepared.model
+
+    @model.setter
+    def model(self, model) -> None:
+        """Swap the model (chapter 6 does, to time several on one engine). The
+        compiled decode steps wrap the old model and would go on running it: they
+        are dropped, and the next decode step compiles for the new one (free when
+        torch has graphs for a model of the same shapes already). No warm-up runs
+        here: it writes to block 0, which a live sequence may hold. The KV cache
+        stays, so the new model must have the old one's cache shape."""
+        if hasattr(self, "prepared"):
+            _check_same_cache_shape(self.model.config, model.config)
+        self.prepared = PreparedModel(model)
+        self._compiled_model = None
 
     @torch.inference_mode()
     def execute_model(self, out) -> ModelOutput:
@@ -95,6 +110,7 @@ class ModelRunner:
         tokens, run the model, and return the logits the sampler needs. The
         positions and block tables come from the schedule; from each sequence
         only its token ids are read, which nothing changes during a step."""
+        self.prepared.check_current()  # once per step, before anything moves: compiled steps too
         self._move_blocks(out)
         ids = []
         for entry in out.scheduled:
@@ -104,7 +120,8 @@ class ModelRunner:
         meta = PagedAttentionMetadata.build(query_lens, context_lens, [entry.block_table for entry in out.scheduled],
                                             self.paged_cache.block_size, self.device)
         input_ids = torch.tensor(ids, device=self.device)[None]
-        if not self.enforce_eager and max(query_lens) == 1 and len(meta.groups) == 1:
+        self.eager_decode_reason = self._why_eager(query_lens, meta)
+        if not self.enforce_eager and max(query_lens) == 1 and self.eager_decode_reason is None:
             hidden = self._run_compiled(input_ids, meta)
         else:
             hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
@@ -112,6 +129,16 @@ class ModelRunner:
         rows = [b for b, entry in enumerate(out.scheduled) for _ in entry.samples]  # one per sampling sequence
         logits = self.model.compute_logits(hidden[ends[rows].to(self.device)])
         return ModelOutput(logits, self._prompt_logits(out, hidden, ends))
+
+    def _why_eager(self, query_lens: list[int], meta) -> str | None:
+        """Why a decode-only step cannot run the compiled model (None: it can, or
+        it is not a decode-only step, or the engine is eager anyway). Reported in
+        SchedulerStats.eager_decode_reason, so that a slow step is never a mystery."""
+        if self.enforce_eager or max(query_lens) != 1:
+            return None
+        if len(meta.groups) != 1:  # contexts too far apart: attention runs in groups (paged_kv_cache.py)
+            return f"contexts of unlike lengths: attention ran in {len(meta.groups)} groups, compiled steps take 1"
+        return None
 
     def _move_blocks(self, out) -> None:
         cache = self.paged_cache
@@ -189,7 +216,7 @@ class ModelRunner:
         # compile mid-request, minutes on a CPU). Every size differs from the
         # others: PyTorch assumes that sizes equal when it compiles stay equal,
         # and would compile again when they are not.
-        past_switches = [list(range(2 * n + 4, n + 4, -1)) for n in path_switches(self.max_num_seqs)]
+        past_switches = [list(range(2 * n + 4, n + 4, -1)) for n in self.prepared.path_switches(self.max_num_seqs)]
         for context_lens in ([5], [5, 3], [9, 7, 6], *past_switches):
             n = len(context_lens)
             meta = PagedAttentionMetadata.build([1] * n, context_lens, [[0] * max(context_lens)] * n, bs,

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# The choices are checked in config.py (before anything loads); their names stay importable from here.
+from .config import GROUP_SIZES, QUANT_METHODS as METHODS, check_quantization as check_method  # noqa: F401
 from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, pack_weight, packable, packed_linear,
                          plain_linear, wants_grad)
 
-METHODS = ("int8", "int4")
-GROUP_SIZES = (32, 64, 128)
 # The nn.Linear modules inside each decoder layer (model.model.layers[i]).
 LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 META_DTYPE = torch.float16  # INT4 scales and zeros: 2 bytes each, as in GGUF's Q4_1
@@ -195,6 +195,17 @@ class QuantizedLinear(PackedModule):
     def has_layout(self) -> bool:
         return getattr(self, self.LAYOUT[0]) is not None
 
+    def row_limits(self) -> tuple[int, ...]:
+        """cpu_linear's rule 5: the kernel serves up to KERNEL_MAX_ROWS rows, and
+        the reference path multiplies UPCAST_MIN_ROWS rows or more of bf16 in fp32
+        on a CPU without bf16 units."""
+        limits = []
+        if self.use_kernel and self.has_layout():
+            limits.append(KERNEL_MAX_ROWS.get((self.KIND, self.kernel_dtype), 0))
+        if self.kernel_dtype in UPCAST_DTYPES:
+            limits.append(UPCAST_MIN_ROWS - 1)
+        return tuple(n for n in limits if n > 0)
+
 
 def _kernel_serves(x: torch.Tensor, layer) -> bool:
     """Can the layer's packed kernel take this input? Its layout's dtype, a
@@ -244,7 +255,6 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_kernel and self.has_layout() and _kernel_serves(x, self):
-            self.check_layout()
             return self._kernel_forward(x)
         # Reference path: expand the whole weight to x's dtype, then an ordinary matmul.
         return _reference_linear(x, lambda dtype: dequantize_int8(self.weight, self.scales, dtype))
@@ -284,15 +294,18 @@ class Int8LMHead(Int8Linear):
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("dense_weight", None if packed is not None else dense, persistent=False)
 
+    def row_limits(self) -> tuple[int, ...]:
+        # one row through the INT8 kernel, more through the de-quantized copy
+        return (*super().row_limits(), self.MAX_KERNEL_ROWS) if self.has_layout() and self.use_kernel \
+            else super().row_limits()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if self.use_kernel and self.has_layout() and rows <= self.MAX_KERNEL_ROWS and _kernel_serves(x, self):
-            self.check_layout()
             return self._kernel_forward(x)
         if x.dtype is not self.kernel_dtype or wants_grad(x) or (self.packed_weight is None
                                                                   and self.dense_weight is None):
             return super().forward(x)  # the reference path
-        self.check_layout()
         if self.packed_weight is not None:
             return packed_linear(x, self.packed_weight, self.out_features)
         return plain_linear(x, self.dense_weight)  # as cpu_linear.PackedLinear multiplies without a packed copy
@@ -341,7 +354,6 @@ class Int4Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_kernel and self.has_layout() and _kernel_serves(x, self):
-            self.check_layout()
             return self._kernel_forward(x)
         return _reference_linear(x, lambda dtype: dequantize_int4(self.weight, self.scales, self.zeros,
                                                                   self.group_size, dtype))
@@ -357,13 +369,6 @@ class Int4Linear(QuantizedLinear):
 
 
 # ----------------------------------------------------------------- whole models
-
-
-def check_method(method, group_size) -> None:
-    if method not in METHODS:
-        raise ValueError(f"quantization={method!r} is invalid: must be None or one of {', '.join(map(repr, METHODS))}")
-    if group_size not in GROUP_SIZES:
-        raise ValueError(f"group_size={group_size!r} is invalid: must be one of {', '.join(map(str, GROUP_SIZES))}")
 
 
 def quantize_model(model: nn.Module, method: str | None, group_size: int = 128, lm_head: str | None = None,

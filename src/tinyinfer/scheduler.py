@@ -81,6 +81,10 @@ class SchedulerStats:
     num_prefill_tokens: int = 0  # this step
     num_decode_tokens: int = 0  # this step
     step_time_s: float = 0.0
+    # With enforce_eager=False: why this step ran eagerly (None: compiled, or not a
+    # decode-only step, which always runs eagerly), and how many decode-only steps have.
+    eager_decode_reason: str | None = None
+    num_eager_decode_steps: int = 0  # cumulative
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 
 from .kv_cache import AttentionMetadata, KVCache, causal_mask
 from .model_runner import ModelOutput, PromptLogits
+from .prepare import PreparedModel
 from .sampling import SamplerOutput
 from .scheduler import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats, record_queue_stats
 from .sequence import Sequence, SequenceStatus
@@ -92,14 +93,23 @@ class StaticScheduler:
 
 class StaticModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0):
-        self.model = model
+        self.prepared = PreparedModel(model)
         self.device = device
         self.dtype = dtype
         self.pad_token_id = pad_token_id
         self.cache: KVCache | None = None
 
+    @property
+    def model(self):
+        return self.prepared.model
+
+    @model.setter
+    def model(self, model) -> None:
+        self.prepared = PreparedModel(model)
+
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> ModelOutput:
+        self.prepared.check_current()  # no kernel layout older than its weights (cpu_linear's rule 4)
         batch = [entry.seq for entry in out.scheduled]
         rows = [b for b, entry in enumerate(out.scheduled) if entry.samples]
         if all(entry.start == 0 for entry in out.scheduled):

@@ -1,0 +1,61 @@
+"""The model prepared once for its device: quantize, then lay the weights out for
+this CPU's kernels, and keep what the runner needs to know about that layer.
+
+The plain model (model.py) is pure PyTorch. Making it fast happens in one place,
+once, in this order:
+  1. quantize (quant.quantize_model), if asked: the decoder layers' linears
+     become INT8 or INT4 twins, each owning its kernel layout;
+  2. on a CPU, pack (cpu_linear.pack_for_cpu): every other linear gets the
+     fastest layout this CPU has;
+  3. compile (ModelRunner.compile_or_warm_up_model), if asked, happens after,
+     on the prepared model.
+
+The runner then asks the PreparedModel for three things only, so that it never
+needs to know a kernel's constants:
+  - path_switches(): the batch sizes to compile past, because a layer changes
+    path there (each kernel module declares its own row limits);
+  - check_current(): once per step, that no kernel layout is older than an
+    in-place edit of its weights (eager and compiled steps alike);
+  - a new PreparedModel when the runner's model is swapped (runner.model = m),
+    which also drops the compiled decode steps of the old one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .cpu_linear import PackedModule, check_layouts, pack_for_cpu
+
+
+class PreparedModel:
+    """A model whose kernel layouts are made, and the modules that keep them."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        # Listed once: walking 300 modules at every step would cost more than checking them.
+        self.kernel_modules = [m for m in model.modules() if isinstance(m, PackedModule)]
+
+    def check_current(self) -> None:
+        """Refuse a step on a layout made before an in-place edit (cpu_linear's rule 4)."""
+        check_layouts(self.kernel_modules)
+
+    def path_switches(self, max_num_seqs: int) -> list[int]:
+        """The batch sizes, up to max_num_seqs, just past a row limit of some
+        layer: there a layer takes another path, and a compiled graph is
+        specialised to the path it traced, so each side of a switch is a graph
+        of its own. Sizes 2 and 3 are compiled anyway (ModelRunner's warm-up)."""
+        switches = {n + 1 for m in self.kernel_modules for n in m.row_limits()}
+        return sorted(n for n in switches if 3 < n <= max_num_seqs)
+
+
+def prepare_model(model: nn.Module, device: torch.device, quantization: str | None = None,
+                  group_size: int = 128, lm_head_quantization: str | None = None) -> nn.Module:
+    """Quantize (if asked), then make the kernel layouts for `device`, in place,
+    once. Returns the model; a runner wraps it in a PreparedModel."""
+    if quantization or lm_head_quantization:  # weight-only: swap Linears for quantized twins
+        from .quant import quantize_model  # the kernels' probes run only for a quantized engine
+
+        quantize_model(model, quantization, group_size, lm_head=lm_head_quantization)
+    if device.type == "cpu":  # kernel layouts for this CPU (cpu_linear.py)
+        pack_for_cpu(model)
+    return model
