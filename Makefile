@@ -109,8 +109,8 @@ test-portable: $(STAMP)
 	$(NO_VECTOR_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
 
 # Re-record the solutions: each is executed in place, in order (lab 4 loads what
-# lab 3 kept), on RECORD_THREADS threads, stamped with the engine's fingerprint
-# (tests/test_recorded.py fails when a stamp is stale), and the labs are written
+# lab 3 kept), on RECORD_THREADS threads, stamped with the fingerprint of the engine
+# modules it runs (tests/test_recorded.py fails when a stamp is stale), and the labs are written
 # again. Refuses while src/tinyinfer has uncommitted changes: the stamp would name
 # an engine no commit has (ALLOW_DIRTY=1 records anyway). Run it on an idle machine:
 # the timings it stores are the ones the site shows.

@@ -31,7 +31,10 @@
    prefix cache can skip a measured prefill.
 4. Prints one table with ratios against --baseline and the CPU's vector units,
    then the sentences chapter 6 computes from it, and saves the report as JSON
-   (after every server, so a failure later keeps what was measured).
+   (after every server, so a failure later keeps what was measured), stamped
+   with the fingerprint of the code `tinyinfer serve` ran (meta.engine_stamp)
+   and each tinyinfer row's settings (engines.KEY.config), so a page can say
+   when the engine has changed since.
 """
 from __future__ import annotations
 
@@ -101,7 +104,9 @@ def machine_meta(args, threads: int) -> dict:
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "bandwidth_gb_s": round(measure_bandwidth("cpu") / 1e9, 1), "input_len": args.input_len,
             "output_len": args.output_len, "concurrency": args.concurrency, "num_prompts": args.num_prompts,
-            "baseline": args.baseline, "llama_cpp_build": args.llama_cpp_build, "note": args.note}
+            "baseline": args.baseline, "llama_cpp_build": args.llama_cpp_build, "note": args.note,
+            # which tinyinfer served: the pages compare it with today's code (peers.engine_note)
+            "engine_stamp": report_lib.engine_stamp()}
 
 
 def parse_args(argv=None):
@@ -166,6 +171,8 @@ def main(argv=None) -> None:
                                               format=peer.format,
                                               weight_bytes=info.get("weight_bytes") or weight_bytes(peer),
                                               version=info.get("version"), command=info.get("command"))
+                if peer.engine == "tinyinfer":  # its settings, spelled out (the INT4 rows' LM head, compiled or not)
+                    report["engines"][key]["config"] = report_lib.serve_config(info.get("command") or "")
                 report["runs"][key], report["raw"][key] = summaries, raw
             with open(args.save, "w") as f:  # after every server: a failure later keeps what was measured
                 json.dump(report, f, indent=1)

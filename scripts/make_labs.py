@@ -85,17 +85,20 @@ folder, so lab 4 loads the sampler that lab 3 kept, and so on. Run it on an idle
 machine: the timings it records are the ones the site shows. `make record` runs
 it for every solution, and refuses while the engine has uncommitted changes.
 
-Each executed solution stores the fingerprint of the engine it ran on
-(engine_fingerprint(): the engine's source, not its checks) in its metadata,
-under "tinyinfer". tests/test_recorded.py fails when a solution's fingerprint is
-not today's engine's, so stale timings and texts cannot stay on the site unseen.
+Each executed solution stores, in its metadata under "tinyinfer", the modules of
+the engine it ran (the ones its code cells import, transitively, and the command
+line's when a cell runs `tinyinfer serve`), each with a hash of its code without
+docstrings and comments, and their fingerprint (tinyinfer/fingerprint.py).
+tests/test_recorded.py fails when a solution's fingerprint is not what its
+modules give today, so stale timings and texts cannot stay on the site unseen,
+while a docstring edit, or a change to a module it does not import, stales nothing.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import copy
-import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -446,40 +449,38 @@ def lab_texts() -> dict[Path, str]:
 # ------------------------------------------------ which engine a solution was recorded on
 
 ENGINE = ROOT / "src" / "tinyinfer"
-# Not hashed: the checks (labcheck prints ✓/✗ and case counts, which strict nbval
-# compares anyway), the book's schematics (no lab draws one), and caches. Everything
-# else can change what a solution prints: the server and the CLI too, since lab 8
-# runs `python -m tinyinfer serve`.
+# `make record` refuses uncommitted changes anywhere a solution could import from,
+# except the checks (strict nbval compares what they print) and the book's schematics.
 ENGINE_EXCLUDE = ("labcheck", "schematics")
 RECORD_KEY = "tinyinfer"  # the solution's metadata key for what it was recorded on
 
 
-def engine_files(root: Path = ENGINE) -> list[Path]:
-    """The files whose contents make the engine's fingerprint, in a fixed order."""
-    candidates = [*root.rglob("*.py"), *(root / "data").glob("*")]  # code, and the packaged data
-    return sorted(path for path in candidates
-                  if path.is_file() and path.relative_to(root).parts[0] not in ENGINE_EXCLUDE)
+def _load_fingerprint():
+    """tinyinfer/fingerprint.py, loaded by its path: it needs only the standard
+    library, and importing the package would load torch for nothing."""
+    spec = importlib.util.spec_from_file_location("tinyinfer_fingerprint", ENGINE / "fingerprint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _normalised(path: Path) -> bytes:
-    """A .py file's syntax tree (so comments and blank lines, which cannot change
-    an output, do not change the fingerprint; docstrings do, since code can print
-    them); any other file's bytes (data/eval_text.txt is the perplexity text)."""
-    if path.suffix == ".py":
-        try:
-            return ast.dump(ast.parse(path.read_text(encoding="utf-8"))).encode()
-        except SyntaxError:
-            pass  # hash the bytes: the notebooks would not run anyway
-    return path.read_bytes()
+fingerprints = _load_fingerprint()
 
 
-def engine_fingerprint(root: Path = ENGINE) -> str:
-    """sha256 over the engine's files (engine_files), each with its path."""
-    digest = hashlib.sha256()
-    for path in engine_files(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(_normalised(path)).digest())
-    return digest.hexdigest()[:16]
+def code_sources(nb) -> list[str]:
+    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+
+
+def notebook_hashes(nb, root: Path = ENGINE) -> dict[str, str]:
+    """{module (or data file): hash of its code} for every engine module the
+    notebook runs: what its code cells import, transitively, and the command
+    line's modules if a cell runs `tinyinfer serve` (labs 8 and 11)."""
+    return fingerprints.module_hashes(fingerprints.notebook_modules(code_sources(nb), root), root)
+
+
+def notebook_fingerprint(nb, root: Path = ENGINE) -> str:
+    """The fingerprint of the modules the notebook runs (notebook_hashes)."""
+    return fingerprints.fingerprint_of(notebook_hashes(nb, root))
 
 
 def git(*args: str) -> str | None:
@@ -498,12 +499,18 @@ def engine_changes() -> list[str]:
     return [line for line in (status or "").splitlines() if line.strip()]
 
 
-def record_metadata() -> dict:
-    """What an executed solution stores about the engine it ran on."""
+def record_metadata(nb) -> dict:
+    """What an executed solution stores about the engine it ran on: the fingerprint
+    of the modules it runs, the commit, and those modules with their hashes (so a
+    stale stamp can say which module changed)."""
     commit = git("rev-parse", "--short=12", "HEAD")
     if commit and engine_changes():
         commit += "+uncommitted"
-    return {"engine_fingerprint": engine_fingerprint(), "engine_commit": commit or "unknown"}
+    hashes = notebook_hashes(nb)
+    return {"engine_fingerprint": fingerprints.fingerprint_of(hashes), "engine_commit": commit or "unknown",
+            "engine_modules": hashes,
+            # the hashes are of ast.unparse's text, which a new Python may spell differently
+            "python": "{}.{}".format(*sys.version_info[:2])}
 
 
 def solution_metadata(record: dict | None) -> dict:
@@ -520,7 +527,7 @@ def execute_solution(path: Path, timeout: int = 600) -> float:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    record = record_metadata()  # before the run: the engine that the run imports
+    record = record_metadata(nb)  # before the run: the engine that the run imports
     start = time.perf_counter()
     # record_timing=False keeps wall-clock timestamps out of the committed file.
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
@@ -551,10 +558,14 @@ def main(argv=None) -> int:
                         help="re-execute solutions/ in place first (all of them, or those whose names start with NN)")
     parser.add_argument("--require-clean-engine", action="store_true",
                         help="with --execute: refuse while src/tinyinfer has uncommitted changes (make record)")
-    parser.add_argument("--fingerprint", action="store_true", help="print the engine's fingerprint and exit")
+    parser.add_argument("--fingerprint", action="store_true",
+                        help="print each solution's fingerprint and the modules it covers, and exit")
     args = parser.parse_args(argv)
     if args.fingerprint:
-        print(engine_fingerprint())
+        for path in sorted(SOLUTIONS.glob("[0-9][0-9]-*.ipynb")):
+            hashes = notebook_hashes(nbformat.read(path, as_version=4))
+            print(f"{path.name}: {fingerprints.fingerprint_of(hashes)}, {len(hashes)} modules: "
+                  + ", ".join(name.removeprefix("tinyinfer.") for name in hashes))
         return 0
     if args.execute is not None and args.require_clean_engine and engine_changes():
         print("refusing to record: the engine has uncommitted changes, so the solutions would describe an "

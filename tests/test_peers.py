@@ -236,6 +236,85 @@ def test_the_stored_copy_is_a_complete_report(kind):
     assert "Every reply in every row had exactly" in peers.explain(r)
 
 
+# --- the stamp: which engine measured a report, and whether it is today's -----------------
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512_bf16"])
+def test_the_stored_copy_carries_its_engine_and_its_configuration(kind):
+    """Each stored copy names the fingerprint of the code `tinyinfer serve` ran (or says
+    'unknown'), the modules it covers, and the settings that produced its numbers."""
+    from tinyinfer import fingerprint
+
+    meta = peers.load(peers.STORED_COPIES[kind])["meta"]
+    stamp = meta["engine_stamp"]
+    assert stamp["engine_commit"] and stamp["engine_fingerprint"]
+    if stamp["engine_fingerprint"] != "unknown":
+        assert fingerprint.fingerprint_of(stamp["engine_modules"]) == stamp["engine_fingerprint"]
+        assert {"tinyinfer.cli", "tinyinfer.server.engine_core", "tinyinfer.model"} <= set(stamp["engine_modules"])
+    for key in ("threads", "cores", "concurrency", "num_prompts", "input_len", "output_len", "vector_units",
+                "torch_cpu_capability", "llama_cpp_build"):
+        assert meta.get(key) is not None, key
+    assert isinstance(meta["emulation"], dict)  # {} when torch ran the CPU's own instructions
+    for key, e in peers.load(peers.STORED_COPIES[kind])["engines"].items():
+        if e["engine"] == "tinyinfer":
+            assert e["config"] == peers.serve_config(e["command"]), key
+            assert {"dtype", "quantization", "lm_head_quantization", "enforce_eager"} <= set(e["config"]), key
+
+
+def test_serve_config_spells_out_a_command_line():
+    int4 = peers.serve_config("--dtype bfloat16 --quantization int4 --group-size 32 --lm-head-quantization int8 "
+                              "--no-enforce-eager")
+    assert int4 == {"dtype": "bfloat16", "quantization": "int4", "group_size": 32, "lm_head_quantization": "int8",
+                    "enforce_eager": False}
+    assert peers.serve_config("--dtype float32") == {"dtype": "float32", "quantization": None,
+                                                     "lm_head_quantization": None, "enforce_eager": True}
+
+
+def stamped(report, stamp):
+    report["meta"]["engine_stamp"] = stamp
+    return report
+
+
+def test_the_page_says_when_the_engine_has_changed_since():
+    """The header names the engine that measured the rows; when today's `tinyinfer serve`
+    code differs, a computed sentence says the tinyinfer rows are an older engine's."""
+    today = {"engine_fingerprint": "a" * 16, "engine_modules": {"tinyinfer.model": "11111111",
+                                                               "tinyinfer.server.api": "22222222"}}
+    current = stamped(laptop_report(), dict(today, engine_commit="abc1234"))
+    note = peers.engine_note(current, today)
+    assert "older engine" not in note and "the same code" in note and "abc1234" in note
+    old = stamped(laptop_report(), {"engine_fingerprint": "b" * 16, "engine_commit": "0ld0ld0",
+                                    "engine_modules": {"tinyinfer.model": "33333333",
+                                                       "tinyinfer.server.api": "22222222"}})
+    note = peers.engine_note(old, today)
+    assert "older engine" in note and "1 of its modules: model;" in note and "0ld0ld0" in note
+    assert "2026-12-01 12:00 UTC" in note  # the date it was measured
+    unknown = stamped(laptop_report(), {"engine_fingerprint": "unknown", "engine_commit": "unknown"})
+    assert "not known" in peers.engine_note(unknown, today)
+    assert "not known" in peers.engine_note(laptop_report(), today)  # a report from before stamps
+    # the real thing: a report stamped now is current, and the page (the header) says which
+    now = stamped(laptop_report(), peers.engine_stamp())
+    assert "the same code" in peers.header(now)
+    assert now["meta"]["engine_stamp"]["engine_fingerprint"] in peers.table(now)
+
+
+def test_the_stored_copies_are_named_as_older_engines_when_they_are():
+    """Both stored copies were measured before today's engine: the pages that render them
+    (chapters 6 and 8, through peers.table and peers.header) say so."""
+    today = peers.engine_stamp()
+    for path in peers.STORED_COPIES.values():
+        report = peers.load(path)
+        if report["meta"]["engine_stamp"]["engine_fingerprint"] != today["engine_fingerprint"]:
+            assert "older engine" in peers.header(report) and "older engine" in peers.table(report)
+
+
+def test_an_int4_row_without_an_int8_head_says_so():
+    report = laptop_report()
+    report["engines"]["tinyinfer-int4"]["config"] = peers.serve_config("--quantization int4 --group-size 32")
+    assert peers.row_name(report, "tinyinfer-int4").endswith("LM head not quantized")
+    report["engines"]["tinyinfer-int4"]["config"]["lm_head_quantization"] = "int8"
+    assert "LM head" not in peers.row_name(report, "tinyinfer-int4")
+
+
 # --- benchmarks/peers.py: arguments, builds, a run against a fake server ---------------
 
 def test_engine_selection_and_arguments():
@@ -396,4 +475,5 @@ def test_an_engine_that_fails_leaves_its_row_out_and_the_others_in(tmp_path, mon
                      "--input-len", "16", "--output-len", "8", "--threads", "1", "--save", str(out)])
     report = json.loads(out.read_text())
     assert list(report["runs"]) == ["fake-honest"] and report["runs"]["fake-honest"]["2"]["completed"] == 3
+    assert report["meta"]["engine_stamp"]["engine_fingerprint"] == peers.engine_stamp()["engine_fingerprint"]
     assert list(report["failed"]) == ["fake-broken"]

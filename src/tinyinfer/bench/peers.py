@@ -17,18 +17,27 @@ many users with one read of the weights, so arithmetic and batching matter more
 than bytes. The sentences below are written from the measurements, not for one CPU.
 
 A saved report is JSON:
-    meta     date, cpu, cores, threads, vector_units, bandwidth_gb_s, input_len,
-             output_len, baseline (a key of engines), note
-    engines  {key: {engine, label, format, weight_bytes}}
+    meta     date, cpu, cores, threads, vector_units, emulation (the settings that
+             kept torch below the CPU's instructions, if any), bandwidth_gb_s,
+             input_len, output_len, concurrency, num_prompts, baseline (a key of
+             engines), note, and engine_stamp: the fingerprint of the modules
+             `tinyinfer serve` ran (engine_stamp()), which the header compares
+             with today's code (engine_note)
+    engines  {key: {engine, label, format, weight_bytes, version, command}}; a
+             tinyinfer row also has config, its settings (serve_config)
     runs     {key: {concurrency: summary}}; a summary holds output_throughput,
              median_ttft_ms, median_tpot_ms, completed, failed, and the counted
              tokens per reply (summarize_run makes it from `tinyinfer bench`'s JSON)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import subprocess
 from pathlib import Path
+
+from .. import fingerprint
 
 VECTOR_UNITS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")  # /proc/cpuinfo flag names
 # The copies stored with the course (one `make peers` run each), beside this file
@@ -92,6 +101,73 @@ def units_text(meta: dict) -> str:
     if meta.get("emulation"):
         text += " (torch limited by " + " ".join(f"{k}={v}" for k, v in meta["emulation"].items()) + ")"
     return text
+
+
+# ------------------------------------------------------------------ the engine that served it
+
+# The settings of a tinyinfer row that change its numbers (EngineConfig's names).
+CONFIG_FIELDS = ("dtype", "quantization", "group_size", "lm_head_quantization", "enforce_eager")
+
+
+def engine_stamp() -> dict:
+    """What a new report stores about the tinyinfer it measured: the modules that
+    `tinyinfer serve` runs (with `tinyinfer bench`, the client) and a hash of each one's
+    code without docstrings, their fingerprint, and the commit."""
+    hashes = fingerprint.module_hashes(fingerprint.serve_modules())
+    return {"engine_fingerprint": fingerprint.fingerprint_of(hashes), "engine_commit": _commit(),
+            "engine_modules": hashes}
+
+
+def _commit() -> str:
+    """This checkout's commit, '+uncommitted' when the package has changes; 'unknown' outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=fingerprint.ROOT,
+                              capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=fingerprint.ROOT,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+
+
+def serve_config(command: str) -> dict:
+    """The engine settings a `tinyinfer serve` command line gives ('--dtype bfloat16
+    --quantization int4 --group-size 32'), with EngineConfig's defaults for the rest."""
+    from ..config import EngineConfig
+
+    parser = argparse.ArgumentParser(add_help=False)
+    EngineConfig.add_cli_args(parser, CONFIG_FIELDS)
+    args, _ = parser.parse_known_args(command.split())
+    config = {name: getattr(args, name) for name in CONFIG_FIELDS}
+    if not config["quantization"]:
+        del config["group_size"]  # unused without quantization
+    return config
+
+
+def engine_note(report: dict, today: dict | None = None) -> str:
+    """One sentence on the engine behind the tinyinfer rows: today's, or an older one
+    (then the rows are not today's engine's numbers), or unknown. `today` is
+    engine_stamp()'s result, computed here when not given."""
+    stamp = report["meta"].get("engine_stamp") or {}
+    when = report["meta"].get("date", "an unknown date")
+    theirs = stamp.get("engine_fingerprint", "unknown")
+    if theirs == "unknown":
+        return (f"These rows were measured on {when} by a tinyinfer that left no engine fingerprint "
+                f"(commit {stamp.get('engine_commit', 'unknown')}), so whether today's `tinyinfer serve` "
+                "gives the same numbers is not known: `make peers` measures today's.")
+    today = today or engine_stamp()
+    named = f"tinyinfer at commit {stamp.get('engine_commit', 'unknown')} (engine fingerprint {theirs})"
+    if theirs == today["engine_fingerprint"]:
+        return f"These rows were measured on {when} by {named}, the same code that `tinyinfer serve` runs today."
+    changed = [line.split(" (")[0].removeprefix("tinyinfer.")
+               for line in fingerprint.changed(stamp.get("engine_modules") or {}, today["engine_modules"])]
+    listed = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+    return (f"These rows were measured on {when} by {named}. The code that `tinyinfer serve` runs has changed "
+            f"since then ({len(changed)} of its modules: {listed}; today's fingerprint is "
+            f"{today['engine_fingerprint']}), so the tinyinfer rows show an older engine, not today's: "
+            "`make peers` measures today's.")
 
 
 # ------------------------------------------------------------------ one run
@@ -197,7 +273,9 @@ def concurrencies(report: dict) -> list[int]:
 
 def row_name(report: dict, key: str) -> str:
     e = report["engines"][key]
-    return f"{e['label']}, {e['format']}"
+    config = e.get("config") or {}
+    head = ", LM head not quantized" if config.get("quantization") and not config.get("lm_head_quantization") else ""
+    return f"{e['label']}, {e['format']}{head}"
 
 
 def header(report: dict) -> str:
@@ -217,6 +295,8 @@ def header(report: dict) -> str:
                  "suppressed, every reply's tokens counted), client `tinyinfer bench`; TTFT and TPOT are medians.")
     if m.get("note"):
         lines.append(f"Note: {m['note']}")
+    if any(e["engine"] == "tinyinfer" for k, e in report["engines"].items() if k in report["runs"]):
+        lines.append(engine_note(report))
     return "  \n".join(lines)
 
 

@@ -1,0 +1,238 @@
+"""Which of tinyinfer's modules produced a stored result, and a hash of their code.
+
+The course stores results: each solution notebook's outputs, and the `make peers`
+reports that chapters 6 and 8 render. A result is stamped with the fingerprint of
+the modules that produced it, and a test compares the stamp with today's code.
+
+    modules = notebook_modules(cells)   # what a notebook's code cells import, transitively
+    modules = serve_modules()           # what `tinyinfer serve` runs
+    fingerprint(modules)                # 16 hex digits; module_hashes(modules) per module
+
+Two choices keep a stamp from going stale for nothing:
+- only the modules a result imports count: a static reading of the imports,
+  relative and inside functions too, followed module by module (imports_of);
+- a module is hashed as its code without docstrings and comments (code_text),
+  so rewording an explanation changes no stamp.
+Standard library only, so scripts/make_labs.py can load this file without torch.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from pathlib import Path
+
+PACKAGE = "tinyinfer"
+ROOT = Path(__file__).resolve().parent
+DATA = "data"  # the folder of files the engine reads (data/eval_text.txt); they count like code
+CLI = (f"{PACKAGE}.__main__",)  # what `tinyinfer ...` and `python -m tinyinfer ...` run first
+# A notebook runs the command line when a shell line (`!tinyinfer serve ...`) or a
+# command string ("tinyinfer serve ...") names it, or an argument list holds
+# "-m", "tinyinfer" (subprocess.Popen([sys.executable, "-m", "tinyinfer", "serve", ...])).
+COMMAND = re.compile(rf"(?:^|[\s;&|(]|/)(?:\S*python\S*\s+-m\s+)?{PACKAGE}\s+[a-z]")
+COMMAND_STRING = re.compile(rf"^\s*(?:\S*python\S*\s+-m\s+)?(?:\S*/)?{PACKAGE}\s+[a-z]")
+# Not counted, and not followed: the checks. What a check prints (its ✓ or ✗, its
+# case counts) is compared output by output by strict nbval (tests/test_notebooks.py),
+# so a check that changes a stored output already fails a test. And `from tinyinfer
+# import labcheck` imports every lab's checks, which import most of the engine
+# (fleet/, server/, bench/): counting them would put some 50 engine modules into
+# every notebook's stamp, and a change to the fleet simulator would stale lab 1.
+NOT_COUNTED = (f"{PACKAGE}.labcheck",)
+
+
+def package_modules(root: Path = ROOT) -> dict[str, Path]:
+    """{module name: file} for every module of the package: 'tinyinfer.server.api' ->
+    server/api.py, and a package by its __init__.py ('tinyinfer.server')."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if "__pycache__" in parts:
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join((PACKAGE, *parts))] = path
+    return modules
+
+
+def code_tree(source: str) -> ast.Module:
+    """The syntax tree without docstrings (comments are never in it)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_text(path: Path) -> str:
+    """A module's code as one canonical text: ast.unparse of code_tree, so a comment,
+    a blank line or a docstring changes nothing. A file that does not parse counts
+    by its text (a notebook importing it would fail anyway)."""
+    source = path.read_text(encoding="utf-8")
+    try:
+        return ast.unparse(code_tree(source))
+    except SyntaxError:
+        return source
+
+
+def _parents(name: str) -> list[str]:
+    """'tinyinfer.server.api' -> ['tinyinfer', 'tinyinfer.server', 'tinyinfer.server.api']:
+    importing a module runs each package's __init__ above it first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def imports_in(tree: ast.AST, name: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that this code imports, wherever the import statement is
+    (a function's lazy import counts: it runs when the function does). Also counted:
+    a string that names a module (importlib.import_module("tinyinfer.server"), cli's
+    table of commands), and, for a module that lists its package with pkgutil, every
+    module of that package (labcheck's registry imports them all)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from ..config import y
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
+            found.add(node.value)
+        elif isinstance(node, ast.Attribute) and node.attr in ("iter_modules", "walk_packages") \
+                and isinstance(node.value, ast.Name) and node.value.id == "pkgutil":
+            found.update(m for m in modules if m.rpartition(".")[0] == package)
+    return {parent for module in found if module in modules and not _not_counted(module)
+            for parent in _parents(module)}
+
+
+def _not_counted(name: str) -> bool:
+    return any(name == skip or name.startswith(skip + ".") for skip in NOT_COUNTED)
+
+
+def closure(roots, root: Path = ROOT) -> list[str]:
+    """The modules that importing `roots` runs, following each module's imports."""
+    modules = package_modules(root)
+    todo = [parent for name in roots if name in modules for parent in _parents(name)]
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = modules[name]
+        try:
+            tree = code_tree(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+        todo.extend(imports_in(tree, name, path.name == "__init__.py", modules) - seen)
+    return sorted(seen)
+
+
+def _python_lines(source: str) -> tuple[str, list[str]]:
+    """A code cell as Python (IPython's `!` and `%` lines blanked), and its shell lines."""
+    if source.lstrip().startswith(("%%bash", "%%sh", "%%script")):
+        return "", source.splitlines()[1:]
+    python, shell = [], []
+    for line in source.splitlines():
+        if line.lstrip().startswith(("!", "%")):
+            shell.append(line.lstrip().lstrip("!%"))
+            python.append("")
+        else:
+            python.append(line)
+    return "\n".join(python), shell
+
+
+def runs_command_line(tree: ast.AST | None, shell: list[str]) -> bool:
+    """Whether a cell runs `tinyinfer ...` (serve, bench, ...) in a shell or a subprocess."""
+    if any(COMMAND.search(line) for line in shell):
+        return True
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and COMMAND_STRING.match(node.value):
+            return True
+        if isinstance(node, (ast.List, ast.Tuple)):
+            words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            if any(words[i:i + 2] == ["-m", PACKAGE] for i in range(len(words))) or words[:1] == [PACKAGE]:
+                return True
+    return False
+
+
+def notebook_roots(sources, root: Path = ROOT) -> set[str]:
+    """What a notebook's code cells (their source texts) import from the package, plus
+    the command line's entry point if a cell runs `tinyinfer ...` (lab 8 serves)."""
+    modules = package_modules(root)
+    roots = set()
+    for source in sources:
+        python, shell = _python_lines(source)
+        try:
+            tree = ast.parse(python)
+        except SyntaxError:
+            tree = None
+        if tree is not None:
+            roots |= imports_in(tree, "__main__", False, modules)
+        if runs_command_line(tree, shell):
+            roots.update(CLI)
+    return roots
+
+
+def notebook_modules(sources, root: Path = ROOT) -> list[str]:
+    """The modules a notebook runs: notebook_roots, followed through their imports."""
+    return closure(notebook_roots(sources, root), root)
+
+
+def serve_modules(root: Path = ROOT) -> list[str]:
+    """The modules `tinyinfer serve` runs (the command line, its server, and what they import)."""
+    return closure([*CLI, f"{PACKAGE}.server"], root)
+
+
+def data_files(modules, root: Path = ROOT) -> list[str]:
+    """The files in data/ that the modules name ('data/eval_text.txt' in eval.py)."""
+    files = sorted(p for p in (root / DATA).glob("*") if p.is_file())
+    if not files:
+        return []
+    paths = package_modules(root)
+    named = set()
+    for name in modules:
+        text = code_text(paths[name])
+        named.update(f.relative_to(root).as_posix() for f in files if f.name in text)
+    return sorted(named)
+
+
+def module_hashes(modules, root: Path = ROOT) -> dict[str, str]:
+    """{module or data file: the first 8 hex digits of its code's sha256}, for a stamp
+    that can say which module changed."""
+    paths = package_modules(root)
+    hashes = {name: hashlib.sha256(code_text(paths[name]).encode()).hexdigest()[:8] for name in modules}
+    for rel in data_files(modules, root):
+        hashes[rel] = hashlib.sha256((root / rel).read_bytes()).hexdigest()[:8]
+    return dict(sorted(hashes.items()))
+
+
+def fingerprint_of(hashes: dict[str, str]) -> str:
+    """16 hex digits over the names and hashes of module_hashes."""
+    text = "\n".join(f"{name} {digest}" for name, digest in sorted(hashes.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(modules, root: Path = ROOT) -> str:
+    """The fingerprint of these modules' code (and the data files they name)."""
+    return fingerprint_of(module_hashes(modules, root))
+
+
+def changed(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """What differs between two module_hashes: 'tinyinfer.model (code changed)', ..."""
+    out = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            out.append(f"{name} (no longer imported)")
+        elif name not in old:
+            out.append(f"{name} (newly imported)")
+        elif old[name] != new[name]:
+            out.append(f"{name} (code changed)")
+    return out
