@@ -125,6 +125,33 @@ def _tiled(q, k, v, tile, *, rescale=True, subtract_max=True, last_tile=True, ca
     return acc / l
 
 
+def _tiled_running_max(q, k, v, tile, *, start="-inf", which="row", before_mask=False):
+    """Online softmax with the running maximum handled one wrong way at a time
+    (none with the defaults). Each is exact in real arithmetic and right on
+    scores of ordinary size: only exp's overflow or underflow exposes it."""
+    m = torch.full((*q.shape[:-1], 1), float("-inf") if start == "-inf" else 0.0)
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for (scores, vt), raw in zip(_tiles(q, k, v, tile), _raw_tiles(q, k, tile)):
+        if which == "tile":  # each tile's own max, not the largest so far
+            m_new = scores.amax(-1, keepdim=True)
+            m_new = torch.where(m_new == float("-inf"), m, m_new)  # a row the mask hides here keeps its max
+        elif which == "all":  # one max for the whole tile: every head and query together
+            m_new = torch.maximum(m, scores.amax())
+        else:
+            m_new = torch.maximum(m, (raw if before_mask else scores).amax(-1, keepdim=True))
+        p = (scores - m_new).exp()
+        scale = (m - m_new).exp()
+        l, acc, m = l * scale + p.sum(-1, keepdim=True), acc * scale + p @ vt, m_new
+    return acc / l
+
+
+def _raw_tiles(q, k, tile):
+    """Each tile's scores before the causal mask (future keys still there)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    for start in range(0, k.shape[2], tile):
+        yield q @ k[:, :, start : start + tile].transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+
 def _tiled_softmax_per_tile(q, k, v, tile):
     # Each tile normalized on its own, and the tiles' outputs averaged: not the softmax of the row.
     outs = [s.softmax(-1).nan_to_num() @ vt for s, vt in _tiles(q, k, v, tile)]
@@ -164,6 +191,11 @@ WRONG["check_tiled_attention"] = [
     lambda q, k, v, t: _tiled(q, k, v, t, last_tile=False),  # a short last tile dropped
     lambda q, k, v, t: _tiled(q, k, v, t, causal_tiles="none"),  # no causal mask inside a tile
     lambda q, k, v, t: _attention(q, k, v),  # right numbers, but the whole score matrix at once
+    # The running maximum mishandled: right on ordinary scores, NaN on large or far-apart ones.
+    lambda q, k, v, t: _tiled_running_max(q, k, v, t, start="0"),  # starts at 0: all-negative rows underflow to 0/0
+    lambda q, k, v, t: _tiled_running_max(q, k, v, t, which="all"),  # one max per tile for every head and row
+    lambda q, k, v, t: _tiled_running_max(q, k, v, t, which="tile"),  # the tile's max: exp(old - new) overflows
+    lambda q, k, v, t: _tiled_running_max(q, k, v, t, before_mask=True),  # a hidden future key sets the max
 ]
 REFERENCE = {
     "check_rope": lambda: _rope_by_complex_numbers,

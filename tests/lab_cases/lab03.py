@@ -158,6 +158,36 @@ def _sample_uniform(logits, t, generator):
     return int(allowed[torch.randint(len(allowed), (1,), generator=generator)])
 
 
+def _sample_exp_without_max(logits, t, generator, dtype=torch.float32):
+    # softmax written out, without subtracting the largest score first: right on
+    # small scores, inf / inf = NaN once scores / t pass exp's range
+    if t == 0:
+        return int(torch.argmax(logits))
+    e = (logits.to(dtype) / t).exp()
+    return int(torch.multinomial(e / e.sum(), 1, generator=generator))
+
+
+def _sample_math_exp(logits, t, generator):
+    # the same in plain Python: math.exp raises OverflowError past exp(709)
+    if t == 0:
+        return int(torch.argmax(logits))
+    weights = [math.exp(x / t) if x > -INF else 0.0 for x in logits.tolist()]
+    total, u = sum(weights), float(torch.rand((), dtype=torch.float64, generator=generator))
+    running = 0.0
+    for i, w in enumerate(weights):
+        running += w / total
+        if u < running:
+            return i
+    return max(i for i, w in enumerate(weights) if w > 0)
+
+
+def _sample_returns_tensor(logits, t, generator):
+    # the right draws, returned as a tensor of shape [1], not an int: `token in stop_ids` is then never true
+    if t == 0:
+        return torch.argmax(logits, dim=-1, keepdim=True)
+    return torch.multinomial((logits / t).softmax(-1), 1, generator=generator)
+
+
 WRONG = {
     "check_min_p": [_min_p_absolute, _min_p_on_logits, _min_p_strict, _min_p_returns_probs, _min_p_in_place,
                     _min_p_zero_not_inf],
@@ -165,7 +195,9 @@ WRONG = {
     "check_top_p": [_top_p_stays_below_p, _top_p_without_softmax, _top_p_forgets_to_unsort],
     "check_repetition_penalty": [_penalty_divides_all, _penalty_once_per_occurrence, _penalty_in_place],
     "check_sample": [_sample_argmax, _sample_ignores_temperature, _sample_multiplies_temperature,
-                     _sample_global_rng, _sample_uniform],
+                     _sample_global_rng, _sample_uniform, _sample_exp_without_max,
+                     lambda x, t, g: _sample_exp_without_max(x, t, g, torch.float64), _sample_math_exp,
+                     _sample_returns_tensor],
 }
 
 

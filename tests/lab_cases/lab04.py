@@ -17,7 +17,7 @@ from tinyinfer.sampling import SamplingParams
 
 def _loop(model, prompt_ids, max_tokens, sample, stop_ids=(), cache_class=None, *, position_shift=0,
           include_stop=True, honour_stops=True, extra_token=False, fresh_cache_each_step=False, row=-1,
-          recompute=False):
+          recompute=False, grad=False):
     """One loop, with one of several realistic mistakes switched on."""
     cache_class = cache_class or KVCache
     w = model.model.embed_tokens.weight
@@ -25,7 +25,7 @@ def _loop(model, prompt_ids, max_tokens, sample, stop_ids=(), cache_class=None, 
     cache = cache_class(model.config, 1, max_len, w.dtype, w.device)
     ids, positions = torch.tensor([prompt_ids]), torch.arange(len(prompt_ids))[None]
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(not grad):  # grad: autograd records every pass, for a backward nobody takes
         while True:
             hidden = model(ids, positions, cache)
             token = sample(model.compute_logits(hidden[:, row])[0])
@@ -132,6 +132,7 @@ WRONG = {
         lambda *a: _loop(*a, fresh_cache_each_step=True),  # a new cache every step: no context
         lambda *a: _loop(*a, row=0),  # predicts from the first position, not the last
         lambda *a: _loop(*a, recompute=True),  # right tokens, but the whole sequence again each step
+        lambda *a: _loop(*a, grad=True),  # right tokens and passes, without torch.inference_mode()
     ],
     "check_time_step": [
         lambda s, d="cpu", r=3: _harness(s, d, r, pick=statistics.mean),  # the mean: noise included

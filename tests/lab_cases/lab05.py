@@ -96,8 +96,14 @@ class _Cache:
             return n
         if self.mistake == "visible_is_count":  # the number of new tokens, not the last position + 1
             n = positions.shape[1]
+        if self.mistake == "last_slot_refused" and n >= self.max_len:  # `>=`: the last slot never used
+            raise ValueError("past the end")
         if n > self.max_len:
             raise ValueError("past the end")
+        if self.mistake == "count_checked":  # bounds checked right, but the count of new tokens returned
+            return positions.shape[1]
+        if self.mistake == "last_position":  # the last position, not how many positions: one key short
+            return n - 1
         return n
 
     def attend(self, layer, q, k, v, meta):
@@ -164,7 +170,8 @@ WRONG = {
     "check_update_kv_cache": [_writes_at_zero, _returns_only_new, _returns_whole_cache, _not_in_place,
                               _off_by_one, _swaps_k_and_v, _values_are_keys],
     "check_kv_cache": [_cache_with(m) for m in ("no_bound_check", "visible_is_count", "one_layer", "start_at_zero",
-                                                "whole_slab", "new_only", "heads_tangled")],
+                                                "whole_slab", "new_only", "heads_tangled", "last_slot_refused",
+                                                "count_checked", "last_position")],
 }
 REFERENCE = {
     "check_update_kv_cache": lambda: _update_by_index_copy,

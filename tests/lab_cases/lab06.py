@@ -101,6 +101,8 @@ def _chooser(bits=_bits, error=_rel_error, fits=lambda b, budget: b <= budget + 
             return min(fitting, key=lambda s: (s[0], s[1], s[2]))[3]
         if tie == "first":
             return min(fitting, key=lambda s: (s[0], s[2]))[3]
+        if tie == "bytes, then last":  # a `<=` where `<` belongs: a full tie goes to the later candidate
+            return min(fitting, key=lambda s: (s[0], s[1], -s[2]))[3]
         return min(fitting, key=lambda s: (s[0], -s[2]))[3]  # "last"
     return choose_format
 
@@ -127,6 +129,7 @@ WRONG = {
         _chooser(fits=lambda b, budget: True),  # the budget ignored
         _chooser(tie="first"),  # equal errors: the first candidate, not the fewest bytes
         _chooser(tie="last"),
+        _chooser(tie="bytes, then last"),  # fewer bytes right, but equal bytes too go to the later candidate
         _chooser(when_none=lambda scored: min(scored, key=lambda s: s[1])[3]),  # over budget: the cheapest anyway
         _chooser(error=_max_abs_error),  # the largest single error, not the relative error over the matrix
         _choose_by_rule(max),  # "more bits, less error"

@@ -102,6 +102,20 @@ def _strict_less_than(records, slos, duration):
     return float(np.percentile([r.e2el * 1e3 for r in ok], 95)), len(good) / duration
 
 
+def _p95_over(which):
+    """The p95 over another set of records than the successful ones; goodput right."""
+    def p95_and_goodput(records, slos, duration):
+        ok = [r for r in records if r.ok]
+        if which == "failed as 0":  # every record counted, a failure as a latency of 0
+            values = [(r.e2el or 0.0) * 1e3 for r in records]
+        elif which == "with a tpot":  # only requests with a second token: a one-token reply left out
+            values = [r.e2el * 1e3 for r in ok if r.tpot is not None]
+        else:  # "good": only the requests that met the SLOs
+            values = [r.e2el * 1e3 for r in ok if _slo_met(r, slos)]
+        return float(np.percentile(values, 95)), sum(_slo_met(r, slos) for r in ok) / duration
+    return p95_and_goodput
+
+
 def _p95_of_ttft(records, slos, duration):
     ok = [r for r in records if r.ok]
     return float(np.percentile([r.ttft * 1e3 for r in ok], 95)), sum(_slo_met(r, slos) for r in ok) / duration
@@ -111,7 +125,8 @@ WRONG = {
     "check_power_of_two": [_least_loaded_overall, _one_random_replica, _more_loaded_of_two, _with_replacement,
                            _tie_to_higher_index, _tie_to_first_drawn],
     "check_p95_and_goodput": [_nearest_rank_p95, _p95_in_seconds, _slos_compared_in_seconds, _goodput_per_request,
-                              _any_slo_is_enough, _one_token_misses_tpot, _strict_less_than, _p95_of_ttft],
+                              _any_slo_is_enough, _one_token_misses_tpot, _strict_less_than, _p95_of_ttft,
+                              _p95_over("failed as 0"), _p95_over("with a tpot"), _p95_over("good")],
 }
 
 

@@ -85,7 +85,8 @@ def _arguments_none(text):
 
 
 def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_reply=True, copy=True,
-          stop_after_tool=False, count_passes="model", unknown="message", on_error="message", last_prompt=False):
+          stop_after_tool=False, count_passes="model", unknown="message", on_error="message", last_prompt=False,
+          parse=None):
     """A configurable agent loop; each wrong implementation below changes one thing."""
     transcript = list(messages) if copy else messages
     r = AgentResult(None, transcript, 0, 0, 0, 0)
@@ -96,7 +97,7 @@ def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_rep
         r.output_tokens += reply.output_tokens
         if append_reply:
             transcript.append({"role": "assistant", "content": reply.text})
-        call = _parse(reply.text)
+        call = (parse or _parse)(reply.text)
         if call is None:
             r.answer = reply.text
             break
@@ -132,6 +133,10 @@ WRONG_AGENTS = [
     lambda g, t, m, n: _loop(g, t, m, max(n - 1, 1)),  # one pass short of max_passes
     # adds up output tokens but keeps only the last pass's prompt: misses the re-reading
     lambda g, t, m, n: _loop(g, t, m, n, last_prompt=True),
+    # The given parse_call ignored, the loop parsing calls its own way:
+    lambda g, t, m, n: _loop(g, t, m, n, parse=_needs_closing_tag),  # a regex up to </tool_call>
+    lambda g, t, m, n: _loop(g, t, m, n, parse=_json_loads_everything),  # json.loads on the rest of the reply
+    lambda g, t, m, n: _loop(g, t, m, n, parse=_no_validation),  # any JSON after the tag is a call
 ]
 
 # ------------------------------------------------------------ select_context

@@ -24,12 +24,14 @@ def _rope(x, positions, theta):  # x [heads, N, D], positions [N]
 
 
 def make_serve(absolute_positions=True, read_cache=True, rotate_cached_keys=True, mlp_residual=True,
-               last_token=True, interleave_heads=True):
-    """A correct engine when every flag is True."""
+               last_token=True, interleave_heads=True, theta=None, scale_dim=None):
+    """A correct engine when every flag is True (and theta, scale_dim None: a
+    literal in their place is a model constant hard-coded)."""
 
     def execute(model, pool_k, pool_v, block_size, scheduled, allocator):
         cfg = model.config
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        base = theta or cfg.rope_theta
         ids, pos, spans = [], [], []
         for req, n in scheduled:
             table = allocator.block_tables[req.seq_id]
@@ -43,7 +45,7 @@ def make_serve(absolute_positions=True, read_cache=True, rotate_cached_keys=True
             x = model.model.embed_tokens(torch.tensor(ids))
             for i, layer in enumerate(model.model.layers):
                 h = layer.self_attn.qkv_proj(layer.input_layernorm(x)).view(len(ids), H + 2 * Hkv, D).transpose(0, 1)
-                q, k, v = _rope(h[:H], pos, cfg.rope_theta), _rope(h[H : H + Hkv], pos, cfg.rope_theta), h[H + Hkv :]
+                q, k, v = _rope(h[:H], pos, base), _rope(h[H : H + Hkv], pos, base), h[H + Hkv :]
                 new = torch.cat([s[-n:] for _, _, n, s in spans])
                 pool_k[i][new] = (k if rotate_cached_keys else h[H : H + Hkv]).transpose(0, 1)
                 pool_v[i][new] = v.transpose(0, 1)
@@ -59,7 +61,7 @@ def make_serve(absolute_positions=True, read_cache=True, rotate_cached_keys=True
                     else:
                         keys, values = keys.repeat(rep, 1, 1), values.repeat(rep, 1, 1)
                     qs = q[:, first : first + n]
-                    scores = qs @ keys.transpose(1, 2) / math.sqrt(D)  # [H, n, ctx]
+                    scores = qs @ keys.transpose(1, 2) / math.sqrt(scale_dim or D)  # [H, n, ctx]
                     ctx = keys.shape[1]
                     allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
                     w = scores.masked_fill(~allowed, -math.inf).softmax(-1)
@@ -86,12 +88,15 @@ def make_serve(absolute_positions=True, read_cache=True, rotate_cached_keys=True
 
 
 def make_forward(absolute_positions=True, attention_residual=True, mlp_residual=True, second_norm=True,
-                 final_norm=True, last_token=True, heads_in_order=True, rope_on_values=False):
-    """A forward pass with the exercise's signature; correct when every flag has its default."""
+                 final_norm=True, last_token=True, heads_in_order=True, rope_on_values=False, theta=None,
+                 shape=None):
+    """A forward pass with the exercise's signature; correct when every flag has its default.
+    theta, shape: a model constant written as a literal (the RoPE base; H, Hkv, D)."""
 
     def make_execute_model(model, num_blocks, block_size, rope, paged_attention, attention):
         cfg = model.config
-        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H, Hkv, D = shape or (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        base = theta or cfg.rope_theta
         pools = torch.zeros(2, cfg.num_hidden_layers, num_blocks * block_size, Hkv, D)
 
         def execute_model(scheduled, allocator):
@@ -108,10 +113,10 @@ def make_forward(absolute_positions=True, attention_residual=True, mlp_residual=
                 for i, layer in enumerate(model.model.layers):
                     h = layer.self_attn.qkv_proj(layer.input_layernorm(x)).view(len(ids), H + 2 * Hkv, D)
                     q, k, v = h[:, :H], h[:, H : H + Hkv], h[:, H + Hkv :]  # [N, heads, D]
-                    q = rope(q.transpose(0, 1)[None], pos, cfg.rope_theta)[0].transpose(0, 1)
-                    k = rope(k.transpose(0, 1)[None], pos, cfg.rope_theta)[0].transpose(0, 1)
+                    q = rope(q.transpose(0, 1)[None], pos, base)[0].transpose(0, 1)
+                    k = rope(k.transpose(0, 1)[None], pos, base)[0].transpose(0, 1)
                     if rope_on_values:
-                        v = rope(v.transpose(0, 1)[None], pos, cfg.rope_theta)[0].transpose(0, 1)
+                        v = rope(v.transpose(0, 1)[None], pos, base)[0].transpose(0, 1)
                     o = paged_attention(q, k, v, pools[0, i], pools[1, i], batch, block_size, attention)
                     o = o.reshape(len(ids), H * D) if heads_in_order else o.transpose(0, 1).reshape(len(ids), H * D)
                     a = layer.self_attn.o_proj(o)
@@ -168,6 +173,9 @@ WRONG = {
         make_forward(last_token=False),  # samples from a chunk's first token, not its last
         make_forward(heads_in_order=False),  # [N, H, D] flattened head-major: heads and tokens mixed up
         make_forward(rope_on_values=True),  # rotates the values as well as the queries and keys
+        # A model constant written as a literal: right for one model only.
+        make_forward(theta=10000.0),  # the usual Llama RoPE base, not the model's
+        make_forward(theta=100000.0),  # SmolLM2's RoPE base
     ],
     "check_your_engine": [
         make_serve(absolute_positions=False),  # RoPE positions restart at 0 every step
@@ -176,6 +184,10 @@ WRONG = {
         make_serve(mlp_residual=False),  # the MLP's output replaces the residual stream
         make_serve(last_token=False),  # samples from a chunk's first token, not its last
         make_serve(interleave_heads=False),  # query head h reads K/V head h % Hkv, not h // group
+        make_serve(theta=10000.0),  # the usual Llama RoPE base, not the model's
+        make_serve(theta=100000.0),  # SmolLM2's RoPE base
+        make_serve(scale_dim=64),  # scores divided by sqrt(64), SmolLM2's head size, whatever the model's
+        make_serve(scale_dim=16),  # the same with the first check model's head size
     ],
 }
 REFERENCE = {"check_forward_pass": lambda: make_forward(), "check_your_engine": lambda: make_serve()}

@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..kv_cache import KVCache
 from ..model import LlamaForCausalLM, apply_rope, rope_tables
 from ..paged_kv_cache import PagedKVCache
-from .core import Case, run_check
+from .core import Case, first_difference, run_check
 from .registry import Lab
 
 # Random inputs are N(0, 1); a correct fp32 answer lands within ~1e-6 of the
@@ -29,6 +29,11 @@ ATOL = RTOL = 1e-4
 def _close(got, expected, atol=ATOL) -> bool:
     return (isinstance(got, torch.Tensor) and got.shape == expected.shape
             and torch.allclose(got.float(), expected, atol=atol, rtol=RTOL))
+
+
+def _where(got, expected, row: str = "query") -> str | None:
+    """The first [batch, head, row, element] where got and expected differ."""
+    return first_difference(got, expected, ("batch", "head", row, "element"), ATOL, RTOL)
 
 
 def _randn(*shape, seed: int) -> torch.Tensor:
@@ -85,7 +90,8 @@ def check_rope(rope) -> bool:
     """rope(x [B, heads, T, D], positions [T], theta) -> x rotated, [B, heads, T, D],
     against the engine's rope_tables + apply_rope."""
     forbidden = (reference_rope, apply_rope, rope_tables, LlamaForCausalLM.rope_at)
-    return run_check("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep=("rope", rope))
+    return run_check("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep=("rope", rope),
+                     explain=lambda got, expected: _where(got, expected, "token"))
 
 
 # ------------------------------------------------------------------ attention
@@ -151,7 +157,7 @@ def check_causal_gqa_attention(causal_gqa_attention) -> bool:
     forbidden = (F.scaled_dot_product_attention, reference_causal_gqa_attention, KVCache.attend,
                  PagedKVCache.attend)
     return run_check("causal_gqa_attention", causal_gqa_attention, _attention_cases, same=_close,
-                     forbidden=forbidden, keep=("attention", causal_gqa_attention))
+                     forbidden=forbidden, keep=("attention", causal_gqa_attention), explain=_where)
 
 
 # ------------------------------------------------------------------ tiled attention (online softmax)
@@ -238,6 +244,42 @@ def _tiled_cases() -> list[Case]:
             k[:, :, -1] = 3.0 * q[:, :: h // hkv, -1]
         show = f"q=randn{tuple(q.shape)}{' x 30' if scale != 1 else ''}, k, v=randn{tuple(k.shape)}, tile={tile}  ({name})"
         cases.append(Case((q, k, v, tile), _sdpa_attention(q, k, v), show))
+    return cases + _extreme_tiled_cases()
+
+
+def _signed_scores(signs: list[list[int]], tk: int, d: int, size: float, seed: int):
+    """q [1, H, Tq, D] and k, v [1, 1, Tk, D] whose scores q·k/sqrt(D) sit near
+    signs[h][i] * size, a few units apart within a row (so the softmax still has
+    work to do): every key is ones(D) plus noise, every query a multiple of it."""
+    g = torch.Generator().manual_seed(seed)
+    h, tq = len(signs), len(signs[0])
+    ones = torch.ones(d)
+    k = ones + 0.3 * torch.randn(1, 1, tk, d, generator=g)
+    sign = torch.tensor(signs, dtype=torch.float32)[None, :, :, None]  # [1, H, Tq, 1]
+    q = sign * size / math.sqrt(d) * ones + torch.randn(1, h, tq, d, generator=g)
+    return q, k, torch.randn(1, 1, tk, d, generator=g)
+
+
+def _extreme_tiled_cases() -> list[Case]:
+    """Scores as large, as negative and as far apart as real activations make
+    them, where a running maximum handled wrongly overflows or underflows exp:
+    each row's max must be its own, start at -inf and move with every tile."""
+    cases = []
+    q, k, v = _signed_scores([[-1] * 6] * 4, 12, 16, 120.0, seed=70)
+    cases.append(Case((q, k, v, 4), _sdpa_attention(q, k, v),
+                      f"q {tuple(q.shape)}, k, v {tuple(k.shape)}, tile=4  (every score near -120: exp(score) is 0 "
+                      "in float32, so the running max must start at -inf, not 0)"))
+    signs = [[1 if (h + i) % 2 == 0 else -1 for i in range(6)] for h in range(4)]
+    q, k, v = _signed_scores(signs, 12, 16, 100.0, seed=71)
+    cases.append(Case((q, k, v, 4), _sdpa_attention(q, k, v),
+                      f"q {tuple(q.shape)}, k, v {tuple(k.shape)}, tile=4  (heads and rows far apart: scores near "
+                      "+100 and -100 side by side, so each row needs a max of its own, not one per head or per tile)"))
+    q, k, v = _signed_scores([[1] * 4] * 2, 10, 16, 10.0, seed=72)
+    k[:, :, -1] = 25.0  # the last key: a score near 250 with every query, but only the last query may see it
+    cases.append(Case((q, k, v, 4), _sdpa_attention(q, k, v),
+                      f"q {tuple(q.shape)}, k, v {tuple(k.shape)}, tile=4  (scores near 10, but the last key scores "
+                      "about 250 with every query and only the last query may see it: a max taken before the mask "
+                      "is 240 too high for the others)"))
     return cases
 
 
@@ -250,7 +292,7 @@ def check_tiled_attention(tiled_attention) -> bool:
     forbidden = (F.scaled_dot_product_attention, reference_tiled_attention, reference_causal_gqa_attention,
                  KVCache.attend, PagedKVCache.attend)
     return run_check("tiled_attention", _tiled_runner(tiled_attention), _tiled_cases, same=_close,
-                     forbidden=forbidden)
+                     forbidden=forbidden, explain=_where)
 
 
 LAB = Lab(2, "attention",

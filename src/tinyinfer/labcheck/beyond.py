@@ -109,6 +109,10 @@ def _add(a, b):
     return a + b
 
 
+def _now():
+    return "12:00 UTC"
+
+
 def _tool_error(fn, **arguments) -> str:
     """The message run_agent must append when a tool raises (computed by calling the tool here)."""
     try:
@@ -118,7 +122,7 @@ def _tool_error(fn, **arguments) -> str:
     raise AssertionError("the tool was expected to raise")
 
 
-_TOOLS = {"get_weather": _weather, "add": _add}
+_TOOLS = {"get_weather": _weather, "add": _add, "now": _now}
 _USER = {"role": "user", "content": "What is the weather in Paris?"}
 _SYSTEM = {"role": "system", "content": "You can call get_weather and add."}
 
@@ -142,6 +146,16 @@ _AGENT_CASES = [
      ["Paris: 18 °C, light rain"] * 3, None, "max_passes=3 reached, still calling tools: no answer"),
     ([_USER], [('<tool_call>{"name": "get_weather", "arguments": {"city": ', 30, 14)], 4, [],
      '<tool_call>{"name": "get_weather", "arguments": {"city": ', "a malformed call is not a call: it is the answer"),
+    # Replies only a real parser reads right: use parse_call, as the exercise says.
+    ([_USER], [('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}', 30, 16), ("Snow.", 60, 2)], 4,
+     ["Oslo: -3 °C, snow"], "Snow.", "generation stopped on </tool_call>, so the call has no closing tag"),
+    ([_USER], [('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}} and I will wait', 30, 20), ("3", 60, 1)], 4,
+     ["3"], "3", "words after the call's JSON, no closing tag"),
+    ([_USER], [('<tool_call>{"name": "now"}</tool_call>', 30, 9), ("It is noon.", 45, 4)], 4,
+     ["12:00 UTC"], "It is noon.", "a call without arguments: the tool is called with none"),
+    ([_USER], [('<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', 30, 12)], 4, [],
+     '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>',
+     "a call without a name is not a call: it is the answer"),
 ]
 
 
@@ -190,8 +204,8 @@ def _run_agent_case(fn):
 
         def generate(messages):  # a scripted model that remembers what it was shown
             shown.append([dict(m) for m in messages])
-            if len(shown) > len(script):
-                raise RuntimeError(f"the script has only {len(script)} replies")
+            if len(shown) > len(script):  # a plain answer, so that any loop stops here
+                return agent_tools.ModelReply(f"(no reply: this case scripts only {len(script)})", 0, 0)
             return agent_tools.ModelReply(*script[len(shown) - 1])
 
         caller = [dict(m) for m in question]
@@ -205,6 +219,34 @@ def _run_agent_case(fn):
     return run
 
 
+def _text(value, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + " ...'"
+
+
+def _where_agent(got, expected) -> str | None:
+    """The first field, or the first message, where the loop's result differs."""
+    if not isinstance(got, _AgentOutcome):
+        return None
+    for field in ("answer", "passes", "tool_calls", "prompt_tokens", "output_tokens"):
+        if getattr(got, field) != getattr(expected, field):
+            return f"{field} differs: expected {_text(getattr(expected, field))}, got {_text(getattr(got, field))}"
+    for name, mine, theirs in (("the caller's list after the call", got.input_after, expected.input_after),
+                               ("messages", got.messages, expected.messages)):
+        if mine == theirs:
+            continue
+        if not isinstance(mine, list):
+            return f"{name} differs: got {_text(mine)}, not a list of messages"
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            if a != b:
+                return f"{name}[{i}] differs: expected {_text(b)}, got {_text(a)}"
+        return f"{name} differs: {len(mine)} messages, expected {len(theirs)}"
+    for n, (a, b) in enumerate(zip(got.shown, expected.shown)):
+        if a != b:
+            return f"what the model was shown differs in pass {n}: {len(a)} messages, expected {len(b)}"
+    return None
+
+
 def check_run_agent(fn) -> bool:
     """fn(generate, tools, messages, max_passes) -> AgentResult: run the model,
     run every tool it calls, append the result, run it again, until an answer.
@@ -215,7 +257,8 @@ def check_run_agent(fn) -> bool:
                      f"{note}: {len(script)} scripted replies, max_passes={max_passes}")
                 for question, script, max_passes, tool_messages, answer, note in _AGENT_CASES]
     return run_check("run_agent", _run_agent_case(fn), cases,
-                     forbidden=(reference_run_agent, agent_tools.run_agent, agent_tools.run_tool))
+                     forbidden=(reference_run_agent, agent_tools.run_agent, agent_tools.run_tool),
+                     explain=_where_agent)
 
 
 # ---------------------------------------------------------------- exercise 3: choose the context

@@ -10,7 +10,9 @@ the MLP with their residuals, then the final norm and the LM head. Its check
 drives it with the course's loop, allocator and scheduler on lab 7's
 workloads and compares every step's logits with tinyinfer's ModelRunner on the
 same steps, handing it the course's RoPE and attention (so a slip in lab 2
-cannot fail lab 11).
+cannot fail lab 11). Both checks also run a model with SmolLM2's heads, head
+size and RoPE base beside the tiny one, so a constant written as a literal
+fails one of them.
 
 The learner's `serve(model, requests, num_blocks, block_size, token_budget,
 max_num_seqs, eos_token_ids) -> steps` runs their own forward pass (their RoPE
@@ -40,7 +42,8 @@ from ..scheduler import Scheduler
 from .attention import reference_causal_gqa_attention, reference_rope
 from .batching import ReferenceBlockAllocator
 from .core import Case, run_check
-from .fixtures import WORKLOADS, engine_outputs, eos_for, tiny_model, tiny_prompt
+from .core import first_difference
+from .fixtures import SMOL_SHAPED, WIDE_TINY, WORKLOADS, describe_model, engine_outputs, eos_for, tiny_prompt
 from .given import greedy
 from .given import make_execute_model as engine_execute_model
 from .paged_attention import reference_paged_attention
@@ -122,12 +125,41 @@ def _same_steps(got, expected, atol: float = 1e-4) -> bool:
     return True
 
 
+def _where_steps(got, expected, atol: float = 1e-4) -> str | None:
+    """The first step, and the first request in it, whose logits differ."""
+    if not isinstance(got, _Steps):
+        return None
+    for k, (mine, theirs) in enumerate(zip(got.steps, expected.steps)):
+        if set(mine) != set(theirs):
+            return f"step {k}: logits for requests {sorted(mine)}, expected {sorted(theirs)}"
+        for sid, row in theirs.items():
+            diff = first_difference(mine[sid], row, ("logit",), atol=atol, rtol=0)
+            if diff:
+                return f"step {k}, request {sid!r}: {diff}"
+    if len(got.steps) != len(expected.steps):
+        return f"{len(got.steps)} steps, expected {len(expected.steps)}"
+    return _where_tokens(got.outputs, expected.outputs)
+
+
+def _where_tokens(got, expected) -> str | None:
+    """The first request, and the first token of it, that differ."""
+    if not isinstance(got, dict):
+        return None
+    for sid, tokens in expected.items():
+        mine = list(got.get(sid, []))
+        if mine != list(tokens):
+            at = next((i for i, (a, b) in enumerate(zip(mine, tokens)) if a != b), min(len(mine), len(tokens)))
+            return (f"request {sid!r} first differs at output token {at}: expected {tokens[at:at + 3]}..., "
+                    f"got {mine[at:at + 3]}... ({len(mine)} tokens, expected {len(tokens)})")
+    return None
+
+
 def _forward_steps(build_execute, w, eos) -> _Steps:
     """The workload through the course's loop, allocator and scheduler (greedy),
     with `build_execute(model)`'s forward pass; every step's logits recorded."""
     requests = [Request(s, tiny_prompt(s, p), m) for s, p, m in w.requests]
     with paused():  # building the model runs DecoderLayer's and Attention's constructors
-        model = tiny_model()
+        model = w.model()
     g = torch.Generator().manual_seed(11)
     for name, p in model.named_parameters():  # norms start at all ones: make each layer's norms tell apart
         if name.endswith("norm.weight"):
@@ -148,12 +180,12 @@ def _forward_steps(build_execute, w, eos) -> _Steps:
 @functools.lru_cache(maxsize=1)
 def _forward_cases() -> tuple[Case, ...]:
     cases = []
-    for w in WORKLOADS:
+    for w in WORKLOADS + [SMOL_SHAPED]:
         eos = tuple(eos_for(w))
         expected = _forward_steps(lambda model: engine_execute_model(model, w.num_blocks, w.block_size), w, eos)
-        show = (f"lab 7's workload ({w.why}) on a tiny random 2-layer model (4 query heads, 2 K/V heads, head_dim "
-                f"16), served by the course's loop, allocator and scheduler; num_blocks={w.num_blocks}, "
-                f"block_size={w.block_size}, token_budget={w.token_budget}; every step's logits compared")
+        show = (f"lab 7's workload ({w.why}) on {describe_model(w.model())}, served by the course's loop, "
+                f"allocator and scheduler; num_blocks={w.num_blocks}, block_size={w.block_size}, "
+                f"token_budget={w.token_budget}; every step's logits compared")
         cases.append(Case((w, eos), expected, show))
     return tuple(cases)
 
@@ -171,7 +203,7 @@ def check_forward_pass(make_execute_model) -> bool:
 
     return run_check("forward_pass", run, lambda: list(_forward_cases()), same=_same_steps,
                      forbidden=FORBIDDEN + (engine_execute_model, reference_make_execute_model),
-                     keep=("make_execute_model", make_execute_model))
+                     keep=("make_execute_model", make_execute_model), explain=_where_steps)
 
 
 # ---------------------------------------------------------------- the assembled engine
@@ -180,11 +212,11 @@ def check_forward_pass(make_execute_model) -> bool:
 @functools.lru_cache(maxsize=1)
 def _your_engine_cases() -> tuple[Case, ...]:
     cases = []
-    for w in WORKLOADS:
+    for w in WORKLOADS + [SMOL_SHAPED, WIDE_TINY]:
         eos = tuple(eos_for(w))
         outputs, _ = engine_outputs(w, eos)
         reqs = ", ".join(f"{s}: prompt {p}, max_tokens {m}" for s, p, m in w.requests)
-        show = (f"{w.why}. A tiny random 2-layer model (4 query heads, 2 K/V heads, head_dim 16); "
+        show = (f"{w.why}. On {describe_model(w.model())}; "
                 f"num_blocks={w.num_blocks}, block_size={w.block_size}, token_budget={w.token_budget}, "
                 f"max_num_seqs={w.max_num_seqs}, eos_token_ids={eos}; requests {reqs}")
         cases.append(Case((w, eos), outputs, show))
@@ -194,7 +226,7 @@ def _your_engine_cases() -> tuple[Case, ...]:
 def _play(serve, w, eos) -> dict:
     requests = [Request(s, tiny_prompt(s, p), m) for s, p, m in w.requests]
     with paused():  # building the model runs DecoderLayer's and Attention's constructors
-        model = tiny_model()
+        model = w.model()
     serve(model, requests, w.num_blocks, w.block_size, w.token_budget, w.max_num_seqs, list(eos))
     return {r.seq_id: list(r.output_ids) for r in requests}
 
@@ -204,7 +236,7 @@ def check_your_engine(serve) -> bool:
     eos_token_ids) -> steps, filling each request's output_ids; greedy tokens
     against tinyinfer's Scheduler + ModelRunner on a tiny random model."""
     return run_check("your_engine", lambda w, eos: _play(serve, w, eos), lambda: list(_your_engine_cases()),
-                     forbidden=FORBIDDEN)
+                     forbidden=FORBIDDEN, explain=_where_tokens)
 
 
 def compare_outputs(mine: dict, engine: dict, decode=None) -> bool:

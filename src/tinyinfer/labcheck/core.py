@@ -43,17 +43,21 @@ class Case:
 
 
 def run_check(name: str, fn: Callable, make_cases: Callable[[], list[Case]], same=operator.eq,
-              forbidden: tuple = (), keep: tuple[str, Any] | None = None) -> bool:
+              forbidden: tuple = (), keep: tuple[str, Any] | None = None,
+              explain: Callable[[Any, Any], str | None] | None = None) -> bool:
     """Run `fn` on every case; print ✓ or the first failure; return a bool.
 
     forbidden: functions or classes `fn` must not call (see watch.py);
-    keep: (piece, the learner's object) to keep for later labs on a pass."""
+    keep: (piece, the learner's object) to keep for later labs on a pass;
+    explain(got, expected): one more line for a failure, saying where the two
+    first differ (the element, step, request or head), since "expected" and
+    "got" often look alike on screen: both cut short, or equal in the digits shown."""
     try:
         cases = make_cases()
     except Exception as e:  # the course's fault, not the learner's; still never raise
         print(f"✗ {name}: could not build the test cases ({type(e).__name__}: {e})")
         return False
-    failure = _first_failure(name, fn, cases, same, Watch(forbidden))
+    failure = _first_failure(name, fn, cases, same, Watch(forbidden), explain)
     if failure:
         print(failure)
         return False
@@ -63,7 +67,7 @@ def run_check(name: str, fn: Callable, make_cases: Callable[[], list[Case]], sam
     return True
 
 
-def _first_failure(name: str, fn: Callable, cases: list[Case], same, watch: Watch) -> str | None:
+def _first_failure(name: str, fn: Callable, cases: list[Case], same, watch: Watch, explain=None) -> str | None:
     """What to print for the first case that fails, or None when all pass."""
     for case in cases:
         try:
@@ -76,7 +80,9 @@ def _first_failure(name: str, fn: Callable, cases: list[Case], same, watch: Watc
                 return f"✗ {name}: {case.show}\n    raised {type(e).__name__}: {_short(e)}"
         else:
             if not watch.called and not _safe_same(same, got, case.expected):
-                return f"✗ {name}: {case.show}\n    expected {_short(case.expected)}\n    got      {_short(got)}"
+                where = _safe_explain(explain, got, case.expected)
+                return (f"✗ {name}: {case.show}\n    expected {_short(case.expected)}\n    got      {_short(got)}"
+                        + (f"\n    {where}" if where else ""))
         if watch.called:  # the forbidden call is the news, not what came of it
             return (f"✗ {name}: your code calls {watch.called}, the course's own answer to this exercise. "
                     "A check of the course against itself proves nothing: write this one yourself.")
@@ -96,6 +102,41 @@ def _safe_same(same, got, expected) -> bool:
         return bool(same(got, expected))
     except Exception:
         return False
+
+
+def _safe_explain(explain, got, expected) -> str | None:
+    # Only a hint on top of the failure: a mistake in it must not hide the failure.
+    if explain is None:
+        return None
+    try:
+        return explain(got, expected) or None
+    except Exception:
+        return None
+
+
+def first_difference(got, expected, names: tuple[str, ...] = (), atol: float = 1e-4, rtol: float = 1e-4) -> str | None:
+    """Where two tensors of the same shape first differ beyond the tolerance
+    (NaN counts as different), with both values in full: "first difference at
+    [0, 1, 3, 5] (head 1, query 3, ...): expected 0.12345678, got nan". The
+    names label the dimensions, from the last backwards when fewer are given."""
+    import torch  # here: core stays importable without torch's start-up cost until a check runs
+
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)):
+        return None
+    if got.shape != expected.shape:
+        return f"shape {list(got.shape)}, expected {list(expected.shape)}"
+    g, e = got.detach().double().cpu(), expected.detach().double().cpu()
+    bad = ~torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=False)
+    bad |= g.isnan() != e.isnan()
+    if not bool(bad.any()):
+        return None
+    index = [int(i) for i in torch.nonzero(bad)[0]]
+    labels = list(names)[-len(index):] if names else []
+    labels = [None] * (len(index) - len(labels)) + labels
+    named = ", ".join(f"{n} {i}" for n, i in zip(labels, index) if n)
+    count = int(bad.sum())
+    return (f"first difference at {index}{f' ({named})' if named else ''}: expected {float(e[tuple(index)])!r}, "
+            f"got {float(g[tuple(index)])!r} ({count} of {bad.numel()} elements differ)")
 
 
 def _short(value) -> str:

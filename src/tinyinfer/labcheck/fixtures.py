@@ -9,6 +9,7 @@ SchedulerOutput; when those change, these change with them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -38,6 +39,29 @@ def tiny_model(seed: int = 0, init_std: float | None = None, max_position_embedd
             for p in model.parameters():
                 torch.nn.init.normal_(p, std=init_std)
     return model
+
+
+def smol_shaped_model(seed: int = 0, init_std: float = 0.3):
+    """A 2-layer Llama with random weights and SmolLM2-135M's attention: 9 query
+    heads, 3 KV heads of 64, RoPE base 1e5 (tiny_model has 4, 2, 16 and 1e4),
+    but a narrow residual stream and vocabulary, so a check on it stays fast.
+    A forward pass that writes one of these constants as a literal fails on
+    one of the two models."""
+    config = ModelConfig(vocab_size=97, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=256,
+                         rope_theta=100000.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+        for p in model.parameters():  # wide enough that a wrong RoPE base or scale moves the greedy tokens
+            torch.nn.init.normal_(p, std=init_std)
+    return model
+
+
+def describe_model(model) -> str:
+    c = model.config
+    return (f"a random {c.num_hidden_layers}-layer model ({c.num_attention_heads} query heads, "
+            f"{c.num_key_value_heads} K/V heads, head_dim {c.head_dim}, rope_theta {c.rope_theta:g})")
 
 
 # ---------------------------------------------------------------- lab 7: the block allocator
@@ -141,6 +165,7 @@ class Workload:
     requests: list[tuple[str, int, int]]  # (seq_id, prompt length, max_tokens)
     eos: bool  # pick an end-of-sequence id that some request produces
     why: str
+    model: Callable = tiny_model  # the random model it runs on
 
 
 WORKLOADS = [
@@ -149,6 +174,23 @@ WORKLOADS = [
     Workload(9, 4, 32, 4, [("a", 6, 10), ("b", 6, 10), ("c", 5, 9), ("d", 3, 6)], False,
              "9 blocks of 4: requests are preempted and recomputed"),
 ]
+
+
+def wide_tiny_model(seed: int = 0):
+    """tiny_model with weights spread wide (std 0.5): attention, and so RoPE's
+    base and the score scale, then decide greedy tokens, not just logits."""
+    return tiny_model(seed, init_std=0.5)
+
+
+# Lab 11's checks also serve a workload on a model with SmolLM2's heads, head
+# size and RoPE base, and (for the engine, whose check sees greedy tokens only)
+# on the tiny model with wide weights: a constant written as a literal changes
+# the tokens on one of them.
+_SHORT = [("a", 9, 5), ("b", 14, 4), ("c", 5, 6)]
+SMOL_SHAPED = Workload(32, 4, 16, 3, _SHORT, False, "SmolLM2's attention shape (9 query heads, 3 K/V heads of 64, "
+                       "RoPE base 1e5): a chunked prompt and decodes", smol_shaped_model)
+WIDE_TINY = Workload(32, 4, 16, 3, _SHORT, False, "the tiny model with wide weights, where attention decides the "
+                     "greedy tokens: a chunked prompt and decodes", wide_tiny_model)
 
 
 def tiny_prompt(seq_id: str, length: int) -> list[int]:
@@ -161,7 +203,7 @@ def engine_outputs(w: Workload, eos_token_ids) -> tuple[dict, int]:
     and ModelRunner on the workload (LLMEngine.step without the tokenizer)."""
     bm = BlockManager(w.num_blocks, w.block_size, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(w.max_num_seqs, w.token_budget, True, "recompute"), bm)
-    runner = ModelRunner(tiny_model(), torch.device("cpu"), torch.float32, w.num_blocks, w.block_size)
+    runner = ModelRunner(w.model(), torch.device("cpu"), torch.float32, w.num_blocks, w.block_size)
     requests = [Request(s, None, tiny_prompt(s, p), SamplingParams(max_tokens=m, temperature=0.0), eos_token_ids)
                 for s, p, m in w.requests]
     for request in requests:

@@ -100,7 +100,7 @@ def _show(records, slos, duration) -> str:
             return f"#{r.index} {r.status}"
         tpot = "None" if r.tpot is None else f"{r.tpot * 1e3:g}"
         return f"#{r.index} ttft={r.ttft * 1e3:g} tpot={tpot} e2el={r.e2el * 1e3:g}"
-    body = "; ".join(one(r) for r in records[:6]) + ("; ..." if len(records) > 6 else "")
+    body = "; ".join(one(r) for r in records[:12]) + ("; ..." if len(records) > 12 else "")
     return f"{len(records)} records (ms: {body}), slos_ms={slos}, duration={duration}"
 
 
@@ -119,8 +119,15 @@ def _goodput_cases() -> list[Case]:
         _record(5, 2.0, [], status="rejected"),  # HTTP 429
         _record(6, 2.5, [2.75, 3.75]),  # TPOT 1000 ms
     ]
+    # The slowest successful request is a one-token reply, and a third of the
+    # requests failed: the p95 changes if either is left out or counted as 0.
+    uneven = ([_record(i, 0.0, [0.125 * (i + 1), 0.125 * (i + 2)]) for i in range(6)]
+              + [_record(6, 0.0, [4.0]), _record(7, 0.5, [], status="failed"), _record(8, 0.5, [], status="failed"),
+                 _record(9, 1.0, [], status="rejected"), _record(10, 1.0, [1.125 + 0.5 * i for i in range(4)])])
     rows = [
         (twenty, {"e2el": 6000.0}, 10.0, "20 requests; p95 falls between two of them"),
+        (uneven, {"e2el": 1000.0}, 5.0, "the slowest success is a one-token reply (4000 ms), 3 of 11 failed: "
+                                        "p95 over the 8 successes, every one of them"),
         (mixed, {"ttft": 500.0}, 4.0, "failed and rejected requests, a TTFT exactly on the SLO"),
         (mixed, {"ttft": 500.0, "tpot": 300.0}, 4.0, "two SLOs: a request must meet both"),
         (mixed, {"tpot": 100.0}, 2.0, "a one-token reply has no TPOT to miss"),

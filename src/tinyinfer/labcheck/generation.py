@@ -57,14 +57,16 @@ def _engine():
 
 class _CountingModel:
     """The model, with a note of each forward pass: how many tokens it was
-    given, and the position of the first."""
+    given, the position of the first, and whether autograd was recording
+    (a loop outside torch.inference_mode() or torch.no_grad())."""
 
     def __init__(self, model):
-        self._model, self.passes = model, []
+        self._model, self.passes, self.recorded = model, [], 0
 
     def __call__(self, input_ids, positions, *args, **kwargs):
         first = int(positions.flatten()[0]) if isinstance(positions, torch.Tensor) and positions.numel() else None
         self.passes.append((int(input_ids.shape[1]), first))
+        self.recorded += torch.is_grad_enabled()
         return self._model(input_ids, positions, *args, **kwargs)
 
     forward = __call__
@@ -92,18 +94,41 @@ def _greedy(logits) -> int:
 
 
 class _Outcome:
-    def __init__(self, tokens, passes, caches=None):
+    def __init__(self, tokens, passes, caches=None, recorded=0):
         self.tokens, self.passes, self.caches = tokens, passes, caches
+        self.recorded = recorded  # passes run with autograd recording
 
     def __eq__(self, other):
         return (isinstance(other, _Outcome) and isinstance(self.tokens, list) and self.tokens == other.tokens
-                and self.passes == other.passes and self.caches == other.caches)
+                and self.passes == other.passes and self.caches == other.caches and self.recorded == other.recorded)
 
     def __repr__(self):
         shown = ", ".join(f"{t} token{'s' if t > 1 else ''} at {p}" for t, p in self.passes[:6])
         passes = f"{len(self.passes)} forward passes: {shown}" + (", ..." if len(self.passes) > 6 else "")
         cache = "" if self.caches is None else f", {self.caches} cache(s) made from cache_class"
-        return f"tokens {self.tokens}; {passes}{cache}"
+        grad = ("; autograd off in every pass" if not self.recorded else
+                f"; autograd recording in {self.recorded} pass(es) (outside torch.inference_mode())")
+        return f"tokens {self.tokens}; {passes}{cache}{grad}"
+
+
+def _where(got, expected) -> str | None:
+    """The first reply token or forward pass where the loop differs from the engine's."""
+    if not isinstance(got, _Outcome) or not isinstance(got.tokens, list):
+        return None
+    if got.tokens != expected.tokens:
+        at = next((i for i, (a, b) in enumerate(zip(got.tokens, expected.tokens)) if a != b),
+                  min(len(got.tokens), len(expected.tokens)))
+        return (f"the tokens first differ at reply token {at} "
+                f"({len(got.tokens)} tokens, expected {len(expected.tokens)})")
+    if got.passes != expected.passes:
+        at = next((i for i, (a, b) in enumerate(zip(got.passes, expected.passes)) if a != b),
+                  min(len(got.passes), len(expected.passes)))
+        mine = got.passes[at] if at < len(got.passes) else "none"
+        theirs = expected.passes[at] if at < len(expected.passes) else "none"
+        return f"forward pass {at} differs: (tokens, first position) {mine}, expected {theirs}"
+    if got.recorded:
+        return "right tokens and passes, but autograd recorded them: run the loop under torch.inference_mode()"
+    return None
 
 
 def _run(generate):
@@ -113,7 +138,8 @@ def _run(generate):
         tokens = generate(counting, list(prompt_ids), max_tokens, _greedy, stop_ids,
                           *([_CountingCache] if counted_cache else []))
         tokens = [int(t) for t in tokens] if isinstance(tokens, (list, tuple)) else tokens
-        return _Outcome(tokens, counting.passes, len(_CountingCache.made) if counted_cache else None)
+        return _Outcome(tokens, counting.passes, len(_CountingCache.made) if counted_cache else None,
+                        counting.recorded)
     return run
 
 
@@ -158,9 +184,11 @@ def check_generate(generate) -> bool:
     -> the reply's token ids, the stop token included (as LLM.generate reports
     them). Greedy, on the course's model, against LLM.generate token for token;
     it must run one pass over the prompt (positions 0..) and then one
-    one-token pass per further token, at the next position."""
+    one-token pass per further token, at the next position, each with autograd
+    off (torch.inference_mode())."""
     forbidden = (reference_generate, LLM.generate, LLM.chat, LLM.stream, LLMEngine.step)
-    return run_check("generate", _run(generate), _generate_cases, forbidden=forbidden, keep=("generate", generate))
+    return run_check("generate", _run(generate), _generate_cases, forbidden=forbidden, keep=("generate", generate),
+                     explain=_where)
 
 
 LAB = Lab(4, "prefill and decode", exports=("check_generate", "reference_generate"),

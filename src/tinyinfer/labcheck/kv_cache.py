@@ -13,7 +13,7 @@ from ..kv_cache import KVCache
 from ..model import AttentionMetadata
 from ..paged_kv_cache import PagedKVCache
 from .attention import reference_causal_gqa_attention
-from .core import Case, run_check
+from .core import Case, first_difference, run_check
 from .fixtures import tiny_model
 from .registry import Lab
 from .watch import pausing
@@ -59,6 +59,18 @@ class _Outcome:
         span = f"{self.written[0]}..{self.written[-1]}" if self.written else "none"
         return (f"returned keys {show(self.keys)}; values {show(self.values)}; "
                 f"cache positions written: {span}")
+
+
+def _where_update(got, expected) -> str | None:
+    """The first of keys, values and the two caches that differs, and where."""
+    if not isinstance(got, _Outcome):
+        return None
+    for name in ("keys", "values", "k_cache", "v_cache"):
+        mine, theirs = getattr(got, name), getattr(expected, name)
+        diff = first_difference(mine, theirs, ("batch", "KV head", "position", "element"), atol=0, rtol=0)
+        if diff:
+            return f"{'returned ' if name in ('keys', 'values') else 'after the call, '}{name}: {diff}"
+    return None
 
 
 def _written(before: torch.Tensor, after: torch.Tensor) -> list[int]:
@@ -115,7 +127,8 @@ def check_update_kv_cache(fn) -> bool:
     """fn(k_cache, v_cache, k_new, v_new, start) writes the new keys and values
     at positions start.. in place and returns the visible (keys, values)."""
     return run_check("update_kv_cache", _run_update(fn), _update_cases,
-                     forbidden=(reference_update_kv_cache, KVCache), keep=("update_kv_cache", fn))
+                     forbidden=(reference_update_kv_cache, KVCache), keep=("update_kv_cache", fn),
+                     explain=_where_update)
 
 
 # ---------------------------------------------------------------- exercise 2: the whole cache
@@ -153,10 +166,11 @@ class ReferenceKVCache:
 class _Run:
     """What a cache did in one scenario: the logits of every step, the cache's
     keys and values over the written positions, and what visible_length said
-    just past the end."""
+    for each step's positions, at the last slot and just past the end."""
 
-    def __init__(self, logits, k, v, past_end):
+    def __init__(self, logits, k, v, past_end, lengths=()):
         self.logits, self.k, self.v, self.past_end = logits, k, v, past_end
+        self.lengths = list(lengths)  # visible_length(each step's positions), then at the last slot
 
     def __eq__(self, other):
         def close(a, b):
@@ -164,7 +178,8 @@ class _Run:
                     and torch.allclose(a, b, atol=1e-4, rtol=1e-4))
         return (isinstance(other, _Run) and len(self.logits) == len(other.logits)
                 and all(close(a, b) for a, b in zip(self.logits, other.logits))
-                and close(self.k, other.k) and close(self.v, other.v) and self.past_end == other.past_end)
+                and close(self.k, other.k) and close(self.v, other.v) and self.past_end == other.past_end
+                and self.lengths == other.lengths)
 
     def __repr__(self):
         def numbers(t, index, n):
@@ -173,7 +188,8 @@ class _Run:
             return " ".join(f"{x:.2f}" for x in t[index].flatten()[:n].tolist())
         steps = " | ".join(numbers(t, (0, -1), 2) for t in self.logits)
         shape = list(self.k.shape) if isinstance(self.k, torch.Tensor) else "-"
-        return (f"visible_length past the end: {self.past_end}; logits per step (2 numbers each): {steps}; "
+        return (f"visible_length per step, then at the last slot: {self.lengths}; past the end: {self.past_end}; "
+                f"logits per step (2 numbers each): {steps}; "
                 f"cache.k {shape}, [0, 0, 0, :3, 0] = {numbers(self.k, (0, 0, 0, slice(0, 3), 0), 3)}, "
                 f"cache.v [0, 0, 0, :3, 0] = {numbers(self.v, (0, 0, 0, slice(0, 3), 0), 3)}")
 
@@ -184,13 +200,15 @@ def _play(cache_class, seed, batch, max_len, steps) -> _Run:
     model = tiny_model(seed, init_std=0.3, max_position_embeddings=64)
     cache = cache_class(model.config, batch, max_len, torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(seed)
-    start, logits = 0, []
+    start, logits, lengths = 0, [], []
     for T, uniform in steps:
         ids = torch.randint(model.config.vocab_size, (batch, T), generator=g)
         positions = torch.arange(start, start + T).expand(batch, T)
+        lengths.append(_length(cache, positions))  # what the model would be told for this step
         meta = AttentionMetadata.uniform(positions, start) if uniform else None  # None: the model asks the cache
         logits.append(model.compute_logits(model(ids, positions, cache, meta)).clone())
         start += T
+    lengths.append(_length(cache, torch.tensor([[max_len - 1]])))  # the last slot still fits
     try:
         past_end = f"returned {cache.visible_length(torch.tensor([[max_len]]))!r}"
     except ValueError:
@@ -198,7 +216,34 @@ def _play(cache_class, seed, batch, max_len, steps) -> _Run:
     k, v = getattr(cache, "k", None), getattr(cache, "v", None)
     k = k[:, :, :, :start].clone() if isinstance(k, torch.Tensor) and k.dim() == 5 else k
     v = v[:, :, :, :start].clone() if isinstance(v, torch.Tensor) and v.dim() == 5 else v
-    return _Run(logits, k, v, past_end)
+    return _Run(logits, k, v, past_end, lengths)
+
+
+def _length(cache, positions):
+    """visible_length's answer, or what it raised, as something to compare."""
+    try:
+        n = cache.visible_length(positions.clone())
+    except ValueError as e:
+        return f"ValueError ({e})"
+    return n if isinstance(n, int) and not isinstance(n, bool) else f"{n!r} (a {type(n).__name__}, not an int)"
+
+
+def _where(got, expected) -> str | None:
+    """The first step whose logits, or visible_length, differ."""
+    if not isinstance(got, _Run):
+        return None
+    for i, (a, b) in enumerate(zip(got.lengths, expected.lengths)):
+        if a != b:
+            which = f"step {i}'s positions" if i < len(expected.logits) else "the last slot"
+            return f"visible_length for {which}: expected {b!r}, got {a!r}"
+    if got.past_end != expected.past_end:
+        return (f"visible_length past the end (a position at max_len): expected it {expected.past_end}, "
+                f"it {got.past_end}")
+    for i, (a, b) in enumerate(zip(got.logits, expected.logits)):
+        diff = first_difference(a, b, ("sequence", "position", "token"))
+        if diff:
+            return f"step {i}'s logits: {diff}"
+    return None
 
 
 def _cache_cases() -> list[Case]:
@@ -241,7 +286,8 @@ def check_kv_cache(cls) -> bool:
     with self.attention. Against the engine's KVCache, on a tiny random model."""
     forbidden = (KVCache, PagedKVCache, ReferenceKVCache, reference_update_kv_cache, reference_causal_gqa_attention,
                  F.scaled_dot_product_attention)
-    return run_check("kv_cache", _run_cache(cls), _cache_cases, forbidden=forbidden, keep=("KVCache", cls))
+    return run_check("kv_cache", _run_cache(cls), _cache_cases, forbidden=forbidden, keep=("KVCache", cls),
+                     explain=_where)
 
 
 LAB = Lab(5, "the KV cache",

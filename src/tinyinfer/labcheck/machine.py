@@ -59,15 +59,18 @@ def busy_note(*repeats, spread: float = 1.5, load: float | None = None, cores: i
             "and their ratios may be far off; close them and run the cell again.")
 
 
-def warn_if_busy(*repeats, spread: float = 1.5) -> bool:
-    """Print busy_note() if the machine looks busy; return whether it does. Never raises."""
+def warn_if_busy(*repeats, spread: float = 1.5) -> None:
+    """Print busy_note() if the machine looks busy. Never raises.
+
+    It returns None, not whether the machine is busy: labs call it as a cell's
+    last line, where Jupyter would print a returned False under every quiet
+    timing. Code that needs the answer calls busy_note() and tests its text."""
     try:
         note = busy_note(*repeats, spread=spread)
     except Exception:  # a warning must never stop a lab
-        return False
+        return
     if note:
         print(note)
-    return bool(note)
 
 
 def bf16_units() -> bool | None:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..paged_kv_cache import PagedAttentionMetadata, PagedKVCache
 from .attention import reference_causal_gqa_attention
-from .core import Case, run_check
+from .core import Case, first_difference, run_check
 from .registry import Lab
 
 
@@ -92,6 +92,36 @@ class _Result:
                 f"k {self.k_pool.sum():.3f}, v {self.v_pool.sum():.3f} (the new keys and values written?)")
 
 
+def _where(got, expected) -> str | None:
+    """The first request, token and head whose output differs (requests in the
+    batch's order), else the first pool slot: what a human needs to find the bug."""
+    if not isinstance(got, _Result) or not isinstance(got.out, torch.Tensor) or got.out.shape != expected.out.shape:
+        return None
+    bad = ~torch.isclose(got.out.double(), expected.out.double(), atol=1e-5, rtol=0) | got.out.isnan()
+    rows = torch.nonzero(bad.any(-1))  # [token row, head] pairs, in order
+    if len(rows):
+        row, head = (int(x) for x in rows[0])
+        batch = getattr(expected, "batch", None) or [(expected.out.shape[0], None, None)]
+        start = 0
+        for b, (num_new, context_len, _) in enumerate(batch):
+            if row < start + num_new:
+                break
+            start += num_new
+        d = int(torch.nonzero(bad[row, head])[0])
+        which = f"request {b} (num_new={num_new}, context_len={context_len}), its new token {row - start}"
+        return (f"first difference in the output at {which}, head {head}, element {d}: expected "
+                f"{float(expected.out[row, head, d])!r}, got {float(got.out[row, head, d])!r} "
+                f"({int(bad.any(-1).sum())} of {bad.shape[0] * bad.shape[1]} (token, head) pairs differ)")
+    for name, mine, theirs in (("k_pool", got.k_pool, expected.k_pool), ("v_pool", got.v_pool, expected.v_pool)):
+        diff = first_difference(mine, theirs, ("slot", "K/V head", "element"), atol=1e-8, rtol=1e-5)
+        if diff:
+            return f"the output is right, but {name}: {diff}"
+    attention_calls = getattr(expected, "attention_calls", None)
+    if attention_calls is not None and getattr(got, "attention_calls", None) != attention_calls:
+        return f"{got.attention_calls} call(s) to attention, expected {attention_calls} (one per prompt chunk)"
+    return None
+
+
 def _same(got, expected) -> bool:
     return (isinstance(got, _Result) and isinstance(got.out, torch.Tensor)
             and got.out.shape == expected.out.shape
@@ -104,6 +134,7 @@ def _cases() -> list[Case]:
     for seed, (rows, block_size, num_blocks, why) in enumerate(_STEPS):
         q, k, v, k_pool, v_pool, batch = _step(rows, block_size, num_blocks, seed)
         expected = _Result(*_engine(q, k, v, k_pool, v_pool, batch, block_size))
+        expected.batch = batch
         show = (f"{why}: batch (num_new, context_len, block_table) = {batch}, block_size={block_size}; "
                 f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, pools {tuple(k_pool.shape)}")
         cases.append(Case((q, k, v, k_pool, v_pool, batch, block_size), expected, show))
@@ -123,7 +154,7 @@ def check_paged_attention(paged_attention) -> bool:
 
     return run_check("paged_attention", run, _cases, same=_same,
                      forbidden=(reference_paged_attention, PagedKVCache, F.scaled_dot_product_attention),
-                     keep=("paged_attention", paged_attention))
+                     keep=("paged_attention", paged_attention), explain=_where)
 
 
 # ---------------------------------------------------------------- grouped decodes
@@ -201,6 +232,7 @@ def _grouped_cases() -> list[Case]:
         q, k, v, k_pool, v_pool, batch = _step(rows, block_size, num_blocks, seed)
         chunks = sum(n > 1 for n, _ in rows)
         expected = _GroupedResult(*_engine(q, k, v, k_pool, v_pool, batch, block_size), chunks)
+        expected.batch = batch
         show = (f"{why}: batch (num_new, context_len, block_table) = {batch}, block_size={block_size}; "
                 f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, pools {tuple(k_pool.shape)}; attention is for the "
                 f"{chunks} prompt chunk(s) only, the decodes are one computation of yours")
@@ -227,7 +259,7 @@ def check_grouped_paged_attention(grouped_paged_attention) -> bool:
     return run_check("grouped_paged_attention", run, _grouped_cases, same=_same_grouped,
                      forbidden=(reference_grouped_paged_attention, reference_paged_attention, PagedKVCache,
                                 F.scaled_dot_product_attention),
-                     keep=("grouped_paged_attention", grouped_paged_attention))
+                     keep=("grouped_paged_attention", grouped_paged_attention), explain=_where)
 
 
 LAB = Lab(11, "your engine",

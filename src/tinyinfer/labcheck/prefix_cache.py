@@ -151,7 +151,7 @@ def _serve(cache_cls, sc: _Scenario, cached: bool) -> dict:
                            "no token left to compute, so it never gets logits to sample from")
         return schedule(*args)
 
-    outputs, hits, tables = {}, {}, {}
+    outputs, hits, tables, admitted, finished = {}, {}, {}, {}, {}
     try:
         for seq_id, pieces, max_tokens in sc.requests:
             req = Request(seq_id, _prompt(pieces), max_tokens)
@@ -159,24 +159,52 @@ def _serve(cache_cls, sc: _Scenario, cached: bool) -> dict:
 
             def first_admission(waiting, running, allocator_, budget, max_seqs, req=req, first=first):
                 out = counted(waiting, running, allocator_, budget, max_seqs)
-                if not first and req in running:  # where its computing starts (the cached tokens), and its table
-                    first.append((req.num_computed, len(allocator_.block_tables[req.seq_id])))
+                if not first and req in running:  # where its computing starts (the cached tokens), its table, refs
+                    first.append((req.num_computed, len(allocator_.block_tables[req.seq_id]),
+                                  _users(allocator_)))
                 return out
 
             reference_run_engine([req], allocator, first_admission, execute, greedy, sc.token_budget, 4, [])
             outputs[seq_id] = list(req.output_ids)
-            hits[seq_id], tables[seq_id] = first[0] if first else (None, None)
+            hits[seq_id], tables[seq_id], admitted[seq_id] = first[0] if first else (None, None, None)
+            finished[seq_id] = f"{_users(allocator)}, {len(allocator.free_blocks)} free"
     except _Stopped as e:
         return {"stopped": str(e)}
     return {"outputs": outputs, "cached tokens per request": hits, "blocks in its table after its first step": tables,
+            "blocks by users, once admitted": admitted, "blocks by users, once finished": finished,
             "free blocks at the end": len(allocator.free_blocks)}
+
+
+def _users(allocator) -> str:
+    """How many blocks have 1 user, 2 users, ...: reference counts without the
+    block ids (another allocator may pick other ids). A leaked reference shows
+    as a block with a user too many."""
+    counts = {}
+    for n in allocator.ref_count:
+        if n:
+            counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{blocks} block{'s' if blocks > 1 else ''} x {n} user{'s' if n > 1 else ''}"
+                     for n, blocks in sorted(counts.items())) or "no block in use"
+
+
+def _where(got, expected) -> str | None:
+    """The first request, and the first thing about it, that differs."""
+    if not isinstance(got, dict) or "stopped" in got or "stopped" in expected:
+        return None
+    for seq_id in expected["outputs"]:
+        for key in ("outputs", "cached tokens per request", "blocks in its table after its first step",
+                    "blocks by users, once admitted", "blocks by users, once finished"):
+            mine, theirs = got.get(key, {}).get(seq_id), expected[key][seq_id]
+            if mine != theirs:
+                return f"request {seq_id!r}, {key}: expected {theirs!r}, got {mine!r}"
+    return None
 
 
 def _expected(sc: _Scenario) -> dict:
     """Greedy tokens without a cache (a hit must not change one), and the cached
     tokens and pinned blocks a correct cache gives, worked out from the prompts."""
     result = _serve(None, sc, cached=False)
-    seen, hits, tables = set(), {}, {}
+    seen, hits, tables, admitted, finished = set(), {}, {}, {}, {}
     for seq_id, pieces, _ in sc.requests:
         prompt = _prompt(pieces)
         hashes = reference_prefix_hashes(prompt, sc.block_size)
@@ -186,11 +214,23 @@ def _expected(sc: _Scenario) -> dict:
         hits[seq_id] = hit = min(run, (len(prompt) - 1) // sc.block_size) * sc.block_size
         # the shared blocks, then blocks for the first chunk the budget allows, no more
         tables[seq_id] = -(-(hit + min(len(prompt) - hit, sc.token_budget)) // sc.block_size)
+        # Once admitted: its shared blocks have 2 users (the cache and it); every other filed block 1 (the
+        # cache), and so has each new block of its table. Once finished: only the cache's references remain.
+        shared = hit // sc.block_size
+        admitted[seq_id] = _users(_Counts([2] * shared + [1] * (len(seen) - shared + tables[seq_id] - shared)))
         seen.update(hashes)
+        finished[seq_id] = f"{_users(_Counts([1] * len(seen)))}, {sc.num_blocks - len(seen)} free"
     result["cached tokens per request"] = hits
     result["blocks in its table after its first step"] = tables
+    result["blocks by users, once admitted"] = admitted
+    result["blocks by users, once finished"] = finished
     result["free blocks at the end"] = sc.num_blocks - len(seen)  # the cache keeps every distinct full block
     return result
+
+
+@dataclass
+class _Counts:
+    ref_count: list[int]  # stands for an allocator in _users
 
 
 def _cases() -> list[Case]:
@@ -208,10 +248,11 @@ def _cases() -> list[Case]:
 def check_prefix_cache(cls) -> bool:
     """cls(block_size, prefix_hashes) with lookup(req, allocator) -> cached tokens
     and insert(req, allocator, num_computed), plugged in by with_prefix_cache:
-    greedy tokens unchanged by the cache, every request's cached tokens, and the
-    free blocks at the end (the cache pins what it files)."""
+    greedy tokens unchanged by the cache, every request's cached tokens, the
+    blocks' reference counts once it is admitted and once it has finished, and
+    the free blocks (the cache pins what it files, and nothing more)."""
     return run_check("prefix_cache", lambda sc: _serve(cls, sc, cached=True), _cases,
-                     forbidden=(ReferencePrefixCache, BlockManager), keep=("PrefixCache", cls))
+                     forbidden=(ReferencePrefixCache, BlockManager), keep=("PrefixCache", cls), explain=_where)
 
 
 LAB = Lab(11, "your engine", exports=("check_prefix_cache", "ReferencePrefixCache", "with_prefix_cache"),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from .. import quant
-from .core import Case, run_check
+from .core import Case, first_difference, run_check
 from .registry import Lab
 
 INT4_SCALE_RTOL = 2e-3  # the engine's fp16 scales, rounded up: within about one fp16 step (2**-10)
@@ -85,6 +85,22 @@ def _int4_close(got, expected) -> bool:
     return bool(((zeros - ezeros).abs() <= INT4_ZERO_ATOL * escales + 1e-7).all())
 
 
+def _where_int4(got, expected) -> str | None:
+    """The first of codes, scales and zeros that differs, and where."""
+    if not (isinstance(got, tuple) and len(got) == 3):
+        return None
+    for name, mine, theirs in zip(("codes", "scales", "zeros"), got, expected):
+        if not isinstance(mine, torch.Tensor):
+            return f"{name}: a {type(mine).__name__}, not a tensor"
+        if mine.dtype != theirs.dtype:
+            return f"{name}: dtype {mine.dtype}, expected {theirs.dtype}"
+        tol = dict(atol=1, rtol=0) if name == "codes" else dict(atol=1e-7, rtol=INT4_SCALE_RTOL)
+        diff = first_difference(mine.float(), theirs.float(), ("row", "group" if name != "codes" else "column"), **tol)
+        if diff:
+            return f"{name}: {diff}"
+    return None
+
+
 def _int4_cases():
     # By hand: group 0 spans 0..1.5 (one step 0.1), group 1 spans -1..0.5 (also 0.1).
     w = torch.tensor([[0.0, 0.1, 0.2, 1.5, -1.0, -0.5, 0.0, 0.5]])
@@ -110,7 +126,7 @@ def check_quantize_int4(quantize_int4) -> bool:
     float32 [rows, cols/group_size]), against tinyinfer.quant.quantize_int4 (see
     the module's docstring for the fp16 differences allowed)."""
     return run_check("quantize_int4", quantize_int4, _int4_cases, same=_int4_close,
-                     forbidden=(reference_quantize_int4, quant.quantize_int4, quant.Int4Linear))
+                     forbidden=(reference_quantize_int4, quant.quantize_int4, quant.Int4Linear), explain=_where_int4)
 
 
 # ------------------------------------------------- choosing a format under a byte budget
@@ -229,6 +245,11 @@ def _choose_cases() -> list[Case]:
         (one_grid, "every row on one 16-level grid, every 32 weights spanning it", 5.0,
          (("int4", 128), ("int4", 64), ("int4", 32)),
          "the same tie with the candidates in the other order: still the fewest bytes"),
+        (gaussian, "randn(8, 128) * 0.05", 4.3, (("int4", 256), ("int4", 128)),
+         "128 columns hold one group of 128, and one short group of 256, stored whole: the same bytes and the "
+         "same error, so the earlier candidate wins"),
+        (gaussian, "randn(8, 128) * 0.05", 4.3, (("int4", 128), ("int4", 256)),
+         "the same two in the other order: equal errors and equal bytes go to the earlier candidate"),
     ]
     cases = []
     for w, what, budget, candidates, why in plan:

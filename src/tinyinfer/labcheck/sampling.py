@@ -15,6 +15,7 @@ ignores the temperature or always takes the top token fails it by a mile.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -308,17 +309,58 @@ class _ExpectedFrequencies:
                 f"(chi-square at most {CHI2_CRITICAL[df]}, df={df}, alpha={ALPHA})")
 
 
-def _draws(fn, logits, temperature, seed, n) -> list[int]:
+class _NotAnId:
+    """What the check reports when a draw is not a Python int (a tensor, say)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return (f"{self.value!r}, a {type(self.value).__name__}: return a Python int (int(...)); later labs "
+                "test `token in stop_ids` and build lists of ids, where a tensor never equals an id")
+
+
+class _Raised:
+    """What the check reports when the sampler raised on a case's logits."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __repr__(self):
+        return f"raised {type(self.error).__name__}: {str(self.error)[:160]}"
+
+
+def _is_id(token) -> bool:
+    return isinstance(token, numbers.Integral) and not isinstance(token, bool)
+
+
+def _draws(fn, logits, temperature, seed, n) -> list:
+    """n draws with one seeded generator; a draw that is not an int is reported
+    (as _NotAnId) and ends the list."""
     generator = torch.Generator().manual_seed(seed)
-    return [int(fn(logits.clone(), temperature, generator)) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        token = fn(logits.clone(), temperature, generator)
+        if not _is_id(token):
+            return out + [_NotAnId(token)]
+        out.append(int(token))
+    return out
 
 
 def _frequency_probe(logits: torch.Tensor, temperature: float, n: int = NUM_DRAWS):
-    probs = (logits / temperature).softmax(-1).tolist()
+    probs = (logits / temperature).softmax(-1).tolist()  # float32: far-below tokens get exactly 0
 
     def probe(fn):
         counts = [0] * len(probs)
-        for token in _draws(fn, logits, temperature, seed=1234, n=n):
+        try:
+            tokens = _draws(fn, logits, temperature, seed=1234, n=n)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # overflow in exp, say: shown against the expected frequencies
+            return _Raised(e)
+        for token in tokens:
+            if isinstance(token, _NotAnId):
+                return token
             if not 0 <= token < len(probs):
                 return f"a token id out of range: {token}"
             counts[token] += 1
@@ -330,10 +372,18 @@ def _frequency_probe(logits: torch.Tensor, temperature: float, n: int = NUM_DRAW
 SAME_DRAWS = "the same 30 tokens from two generators with the same seed"
 
 
-def _same_draws(fn, logits, temperature) -> str:
+def _same_draws(fn, logits, temperature):
     first = _draws(fn, logits, temperature, seed=7, n=30)
     again = _draws(fn, logits, temperature, seed=7, n=30)
+    wrong = next((t for t in first + again if isinstance(t, _NotAnId)), None)
+    if wrong is not None:
+        return wrong
     return SAME_DRAWS if first == again else f"two generators with the same seed gave {first} and {again}"
+
+
+def _greedy_id(fn, logits):
+    token = fn(logits.clone(), 0.0, torch.Generator().manual_seed(0))
+    return token if _is_id(token) else _NotAnId(token)
 
 
 def _same_sample(got, expected) -> bool:
@@ -341,9 +391,7 @@ def _same_sample(got, expected) -> bool:
         return isinstance(got, _Frequencies) and got.passes()
     if isinstance(expected, str):
         return got == expected
-    if isinstance(got, bool) or not isinstance(got, (int, torch.Tensor)):
-        return False
-    return int(got) == expected
+    return _is_id(got) and int(got) == expected
 
 
 def _sample_cases() -> list[Case]:
@@ -351,7 +399,7 @@ def _sample_cases() -> list[Case]:
     # temperature 0: greedy, the highest score every time (and no division by 0)
     for values in ([1.0, 3.0, 2.0], [-5.0, -2.0, -3.0, -4.0], [0.5, -INF, 2.5, 1.0]):
         logits = _t(values)
-        cases.append(Case((lambda f, x=logits: f(x.clone(), 0.0, torch.Generator().manual_seed(0)),),
+        cases.append(Case((lambda f, x=logits: _greedy_id(f, x),),
                           int(torch.argmax(logits)), f"logits={values}, temperature=0  (greedy)"))
     # the generator is the only source of randomness: same seed, same draws
     logits = _log([0.4, 0.3, 0.2, 0.1])
@@ -369,6 +417,35 @@ def _sample_cases() -> list[Case]:
         probe, expected = _frequency_probe(logits, t)
         shown = f"log({values})" if what == "log(probs)" else str(values)
         cases.append(Case((probe,), expected, f"logits={shown}, temperature={t}, {NUM_DRAWS:,} draws"))
+    return cases + _real_sized_sample_cases()
+
+
+def _model_sized_logits(top: list[float], seed: int, vocab: int = 1000) -> torch.Tensor:
+    """A row of `vocab` scores like a real model's: a handful of candidates at
+    the top (`top`), the rest N(0, 3), far below them."""
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    logits[: len(top)] = torch.tensor(top)
+    return logits
+
+
+def _real_sized_sample_cases(n: int = 2_000) -> list[Case]:
+    """Scores of the size a real model gives (SmolLM2's reach 20 to 30) at a low
+    temperature: divided by 0.05 they reach 600, and exp(600) overflows even
+    float64's range in a sum of many (float32's ends at exp(88)). A sampler must
+    subtract the largest score before exp, as softmax does."""
+    cases = []
+    for top, t, what in [
+        ([30.0, 29.95, 29.9, 29.8], 0.05, "four candidates near 30, the rest near 0"),
+        ([30.0, 29.98, 29.97, 29.95], 0.01, "the same at temperature 0.01: scores / T reach 3,000"),
+        ([-30.0, -30.05, -30.1, -30.2], 0.05, "all scores very negative (a large constant subtracted): "
+                                             "exp(score / T) is 0 for every token"),
+    ]:
+        logits = _model_sized_logits(top, seed=len(cases))
+        if top[0] < 0:
+            logits[len(top):] = -60.0 + logits[len(top):]
+        probe, expected = _frequency_probe(logits, t, n)
+        cases.append(Case((probe,), expected, f"1,000 scores: {what}; top four {top}, temperature={t}, "
+                                              f"{n:,} draws (the other 996 tokens have probability 0)"))
     return cases
 
 
