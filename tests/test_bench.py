@@ -4,9 +4,9 @@ The fake (stdlib http.server in a thread, 127.0.0.1 only) streams one chunk per
 token: the first after FIRST_DELAY, then one every GAP. So the client must
 measure TTFT >= FIRST_DELAY and end-to-end >= FIRST_DELAY + (n-1) GAP (sleeps
 never end early). TPOT alone can dip below GAP when the first chunk is read
-late, since it is last-minus-first over n-1. The upper bounds are loose because
-the test machine is shared. The metric arithmetic is checked exactly on
-hand-made records, without any clock.
+late, since it is last-minus-first over n-1. No upper bound on a time is
+asserted: the test machine is shared, and a busy one only makes times longer.
+The metric arithmetic is checked exactly on hand-made records, without any clock.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from tinyinfer.bench import (RequestRecord, arrival_times, calculate_metrics, ma
 from tinyinfer.bench.client import DONE, chunk_text, parse_retry_after, parse_sse_line
 
 FIRST_DELAY, GAP = 0.20, 0.05
-SLACK = 0.15  # generous: other jobs share these two cores
 
 
 class FakeOpenAI(BaseHTTPRequestHandler):
@@ -229,12 +228,17 @@ def test_timings_usage_and_payload_against_the_fake(fake_server):
                         input_len=16, output_len=5, api_key="sk-test", goodput={"ttft": 60_000})
     assert (res.completed, res.failed, res.rejected) == (3, 0, 0)
     assert res.total_output_tokens == 15 and res.total_input_tokens == 3 * 7  # from the usage chunk
-    assert FIRST_DELAY <= res.ttft.mean_ms / 1e3 < FIRST_DELAY + SLACK
-    for r in res.records:  # sleeps never end early, so the last token is at least this late; TPOT itself
-        assert r.e2el >= FIRST_DELAY + 4 * GAP  # can dip below GAP when the first chunk was read late
+    # Only bounds that a busy machine cannot break: sleeps never end early, so each
+    # time is at least what the fake slept; which chunk each metric is timed from is
+    # checked against the record's own chunk times, not against a clock.
+    for r in res.records:
+        assert len(r.chunk_times) == 5 and r.chunk_times == sorted(r.chunk_times)
+        assert r.ttft == pytest.approx(r.chunk_times[0] - r.send_time) and r.ttft >= FIRST_DELAY  # the first token
+        assert r.e2el == pytest.approx(r.chunk_times[-1] - r.send_time) and r.e2el >= FIRST_DELAY + 4 * GAP
         assert r.tpot == pytest.approx((r.e2el - r.ttft) / 4)
-    assert res.tpot.mean_ms / 1e3 < GAP + SLACK / 2
-    assert res.itl.count == 3 * 4 and res.itl.p(50) / 1e3 >= GAP * 0.8  # a gap is >= GAP minus jitter
+        assert r.itl == pytest.approx(list(np.diff(r.chunk_times)))
+    assert res.ttft.mean_ms / 1e3 == pytest.approx(np.mean([r.ttft for r in res.records]))
+    assert res.itl.count == 3 * 4
     assert res.request_goodput == pytest.approx(3 / res.duration)
     path, headers, body = fake_server.requests[0]
     assert path == "/v1/completions" and headers["Authorization"] == "Bearer sk-test"
