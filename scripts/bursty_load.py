@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import random
+import signal
 import time
 
 
@@ -26,6 +27,10 @@ def worker(seconds: float, seed: int) -> None:
         time.sleep(rng.uniform(0.02, 0.4))
 
 
+def _stop(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3, help="processes, each spinning in bursts (default 3)")
@@ -34,6 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.workers <= 16:
         ap.error(f"--workers={args.workers} is invalid: it must be in [1, 16]")
+    signal.signal(signal.SIGTERM, _stop)  # `kill` stops the workers too, as Ctrl-C does
     procs = [mp.Process(target=worker, args=(args.seconds, args.seed + i)) for i in range(args.workers)]
     for p in procs:
         p.start()
@@ -41,9 +47,9 @@ def main() -> None:
     try:
         for p in procs:
             p.join()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         for p in procs:
-            p.terminate()
+            p.terminate()  # each worker exits quietly through _stop
 
 
 if __name__ == "__main__":
