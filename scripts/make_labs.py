@@ -101,7 +101,6 @@ import copy
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -483,32 +482,16 @@ def notebook_fingerprint(nb, root: Path = ENGINE) -> str:
     return fingerprints.fingerprint_of(notebook_hashes(nb, root))
 
 
-def git(*args: str) -> str | None:
-    """A git command's output in the repository, or None (no git, not a checkout)."""
-    try:
-        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
 def engine_changes() -> list[str]:
     """`git status` lines for uncommitted changes to the fingerprinted engine files."""
-    status = git("status", "--porcelain", "--", str(ENGINE.relative_to(ROOT)),
-                 *[f":(exclude){(ENGINE / name).relative_to(ROOT)}" for name in ENGINE_EXCLUDE])
-    return [line for line in (status or "").splitlines() if line.strip()]
+    return fingerprints.uncommitted(ENGINE, ENGINE_EXCLUDE)
 
 
 def record_metadata(nb) -> dict:
     """What an executed solution stores about the engine it ran on: the fingerprint
     of the modules it runs, the commit, and those modules with their hashes (so a
     stale stamp can say which module changed)."""
-    commit = git("rev-parse", "--short=12", "HEAD")
-    if commit and engine_changes():
-        commit += "+uncommitted"
-    hashes = notebook_hashes(nb)
-    return {"engine_fingerprint": fingerprints.fingerprint_of(hashes), "engine_commit": commit or "unknown",
-            "engine_modules": hashes,
+    return {**fingerprints.stamp(notebook_hashes(nb), ENGINE, ENGINE_EXCLUDE),
             # the hashes are of ast.unparse's text, which a new Python may spell differently
             "python": "{}.{}".format(*sys.version_info[:2])}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import subprocess
 from pathlib import Path
 
 PACKAGE = "tinyinfer"
@@ -223,6 +224,33 @@ def fingerprint_of(hashes: dict[str, str]) -> str:
 def fingerprint(modules, root: Path = ROOT) -> str:
     """The fingerprint of these modules' code (and the data files they name)."""
     return fingerprint_of(module_hashes(modules, root))
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """A git command's output, run in `root`, or None (no git, not a checkout)."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def uncommitted(root: Path = ROOT, exclude: tuple[str, ...] = ()) -> list[str]:
+    """`git status` lines for uncommitted changes under `root`, less its `exclude` folders."""
+    status = _git(root, "status", "--porcelain", "--", ".", *[f":(exclude){name}" for name in exclude])
+    return [line for line in (status or "").splitlines() if line.strip()]
+
+
+def stamp(hashes: dict[str, str], root: Path = ROOT, exclude: tuple[str, ...] = ()) -> dict:
+    """What a stored result keeps about the code that made it: the fingerprint of
+    `hashes` (module_hashes), the commit ('+uncommitted' when `root`, less
+    `exclude`, has changes; 'unknown' outside git), and the hashes themselves, so
+    that a stale stamp can say which module changed."""
+    commit = _git(root, "rev-parse", "--short=12", "HEAD")
+    if commit and uncommitted(root, exclude):
+        commit += "+uncommitted"
+    return {"engine_fingerprint": fingerprint_of(hashes), "engine_commit": commit or "unknown",
+            "engine_modules": hashes}
 
 
 def changed(old: dict[str, str], new: dict[str, str]) -> list[str]:

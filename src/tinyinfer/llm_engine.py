@@ -187,7 +187,7 @@ class LLMEngine:
 
     def _record_eager_decode(self, scheduler_output) -> None:
         """With enforce_eager=False, a decode-only step that ran eagerly says why in the stats."""
-        reason = None if scheduler_output.is_empty else getattr(self.model_runner, "eager_decode_reason", None)
+        reason = None if scheduler_output.is_empty else self.model_runner.eager_decode_reason
         self.stats.eager_decode_reason = reason
         self.stats.num_eager_decode_steps += reason is not None
 

@@ -81,7 +81,7 @@ class ModelRunner:
         self.dtype = dtype
         self.enforce_eager = enforce_eager
         self.max_num_seqs = max_num_seqs  # the largest decode batch: compile_or_warm_up_model covers up to it
-        self.model = model  # a PreparedModel: the kernel modules, listed once
+        self.prepared = PreparedModel(model)  # the model and its kernel modules, listed once
         self._compiled_model = None  # made by compile_or_warm_up_model when enforce_eager is False
         self.paged_cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
         self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> K, V in host memory
@@ -99,8 +99,7 @@ class ModelRunner:
         torch has graphs for a model of the same shapes already). No warm-up runs
         here: it writes to block 0, which a live sequence may hold. The KV cache
         stays, so the new model must have the old one's cache shape."""
-        if hasattr(self, "prepared"):
-            _check_same_cache_shape(self.model.config, model.config)
+        _check_same_cache_shape(self.model.config, model.config)
         self.prepared = PreparedModel(model)
         self._compiled_model = None
 
@@ -120,8 +119,9 @@ class ModelRunner:
         meta = PagedAttentionMetadata.build(query_lens, context_lens, [entry.block_table for entry in out.scheduled],
                                             self.paged_cache.block_size, self.device)
         input_ids = torch.tensor(ids, device=self.device)[None]
-        self.eager_decode_reason = self._why_eager(query_lens, meta)
-        if not self.enforce_eager and max(query_lens) == 1 and self.eager_decode_reason is None:
+        wants_compiled = not self.enforce_eager and max(query_lens) == 1  # a decode-only step
+        self.eager_decode_reason = self._why_eager(meta) if wants_compiled else None
+        if wants_compiled and self.eager_decode_reason is None:
             hidden = self._run_compiled(input_ids, meta)
         else:
             hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
@@ -130,12 +130,10 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[ends[rows].to(self.device)])
         return ModelOutput(logits, self._prompt_logits(out, hidden, ends))
 
-    def _why_eager(self, query_lens: list[int], meta) -> str | None:
-        """Why a decode-only step cannot run the compiled model (None: it can, or
-        it is not a decode-only step, or the engine is eager anyway). Reported in
-        SchedulerStats.eager_decode_reason, so that a slow step is never a mystery."""
-        if self.enforce_eager or max(query_lens) != 1:
-            return None
+    @staticmethod
+    def _why_eager(meta) -> str | None:
+        """Why a decode-only step cannot run the compiled model (None: it can).
+        Reported in SchedulerStats.eager_decode_reason, so that a slow step is never a mystery."""
         if len(meta.groups) != 1:  # contexts too far apart: attention runs in groups (paged_kv_cache.py)
             return f"contexts of unlike lengths: attention ran in {len(meta.groups)} groups, compiled steps take 1"
         return None

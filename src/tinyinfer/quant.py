@@ -295,9 +295,10 @@ class Int8LMHead(Int8Linear):
         self.register_buffer("dense_weight", None if packed is not None else dense, persistent=False)
 
     def row_limits(self) -> tuple[int, ...]:
-        # one row through the INT8 kernel, more through the de-quantized copy
-        return (*super().row_limits(), self.MAX_KERNEL_ROWS) if self.has_layout() and self.use_kernel \
-            else super().row_limits()
+        limits = super().row_limits()
+        if self.use_kernel and self.has_layout():  # one row through the INT8 kernel, more through the copy
+            limits += (self.MAX_KERNEL_ROWS,)
+        return limits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features

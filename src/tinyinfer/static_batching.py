@@ -98,6 +98,7 @@ class StaticModelRunner:
         self.dtype = dtype
         self.pad_token_id = pad_token_id
         self.cache: KVCache | None = None
+        self.eager_decode_reason = None  # never compiled (EngineConfig refuses it): nothing to explain
 
     @property
     def model(self):

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 from pathlib import Path
 
 from .. import fingerprint
@@ -112,24 +111,8 @@ CONFIG_FIELDS = ("dtype", "quantization", "group_size", "lm_head_quantization", 
 def engine_stamp() -> dict:
     """What a new report stores about the tinyinfer it measured: the modules that
     `tinyinfer serve` runs (with `tinyinfer bench`, the client) and a hash of each one's
-    code without docstrings, their fingerprint, and the commit."""
-    hashes = fingerprint.module_hashes(fingerprint.serve_modules())
-    return {"engine_fingerprint": fingerprint.fingerprint_of(hashes), "engine_commit": _commit(),
-            "engine_modules": hashes}
-
-
-def _commit() -> str:
-    """This checkout's commit, '+uncommitted' when the package has changes; 'unknown' outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=fingerprint.ROOT,
-                              capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=fingerprint.ROOT,
-                               capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+    code without docstrings, their fingerprint, and the commit (fingerprint.stamp)."""
+    return fingerprint.stamp(fingerprint.module_hashes(fingerprint.serve_modules()))
 
 
 def serve_config(command: str) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import context, cost
 from .. import tools as agent_tools
-from .core import Case, run_check
+from .core import Case, first_mismatch, run_check
 from .registry import Lab
 
 # ---------------------------------------------------------------- references (the engine's own)
@@ -237,9 +237,9 @@ def _where_agent(got, expected) -> str | None:
             continue
         if not isinstance(mine, list):
             return f"{name} differs: got {_text(mine)}, not a list of messages"
-        for i, (a, b) in enumerate(zip(mine, theirs)):
-            if a != b:
-                return f"{name}[{i}] differs: expected {_text(b)}, got {_text(a)}"
+        i = first_mismatch(mine, theirs)
+        if i < min(len(mine), len(theirs)):
+            return f"{name}[{i}] differs: expected {_text(theirs[i])}, got {_text(mine[i])}"
         return f"{name} differs: {len(mine)} messages, expected {len(theirs)}"
     for n, (a, b) in enumerate(zip(got.shown, expected.shown)):
         if a != b:

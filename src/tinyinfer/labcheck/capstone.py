@@ -41,8 +41,7 @@ from ..paged_kv_cache import PagedKVCache
 from ..scheduler import Scheduler
 from .attention import reference_causal_gqa_attention, reference_rope
 from .batching import ReferenceBlockAllocator
-from .core import Case, run_check
-from .core import first_difference
+from .core import Case, first_difference, first_mismatch, run_check
 from .fixtures import SMOL_SHAPED, WIDE_TINY, WORKLOADS, describe_model, engine_outputs, eos_for, tiny_prompt
 from .given import greedy
 from .given import make_execute_model as engine_execute_model
@@ -147,8 +146,8 @@ def _where_tokens(got, expected) -> str | None:
         return None
     for sid, tokens in expected.items():
         mine = list(got.get(sid, []))
-        if mine != list(tokens):
-            at = next((i for i, (a, b) in enumerate(zip(mine, tokens)) if a != b), min(len(mine), len(tokens)))
+        at = first_mismatch(mine, tokens)
+        if at is not None:
             return (f"request {sid!r} first differs at output token {at}: expected {tokens[at:at + 3]}..., "
                     f"got {mine[at:at + 3]}... ({len(mine)} tokens, expected {len(tokens)})")
     return None

@@ -126,8 +126,7 @@ def first_difference(got, expected, names: tuple[str, ...] = (), atol: float = 1
     if got.shape != expected.shape:
         return f"shape {list(got.shape)}, expected {list(expected.shape)}"
     g, e = got.detach().double().cpu(), expected.detach().double().cpu()
-    bad = ~torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=False)
-    bad |= g.isnan() != e.isnan()
+    bad = ~torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=False)  # a NaN is never close to anything
     if not bool(bad.any()):
         return None
     index = [int(i) for i in torch.nonzero(bad)[0]]
@@ -137,6 +136,15 @@ def first_difference(got, expected, names: tuple[str, ...] = (), atol: float = 1
     count = int(bad.sum())
     return (f"first difference at {index}{f' ({named})' if named else ''}: expected {float(e[tuple(index)])!r}, "
             f"got {float(g[tuple(index)])!r} ({count} of {bad.numel()} elements differ)")
+
+
+def first_mismatch(got, expected) -> int | None:
+    """The first index where two sequences differ, the shorter one's length when
+    one is a prefix of the other, or None when they are equal."""
+    got, expected = list(got), list(expected)
+    if got == expected:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
 
 
 def _short(value) -> str:

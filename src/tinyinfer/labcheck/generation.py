@@ -17,7 +17,7 @@ from ..kv_cache import KVCache
 from ..llm import LLM
 from ..llm_engine import LLMEngine
 from ..sampling import SamplingParams
-from .core import Case, run_check
+from .core import Case, first_mismatch, run_check
 from .registry import Lab
 
 
@@ -115,14 +115,12 @@ def _where(got, expected) -> str | None:
     """The first reply token or forward pass where the loop differs from the engine's."""
     if not isinstance(got, _Outcome) or not isinstance(got.tokens, list):
         return None
-    if got.tokens != expected.tokens:
-        at = next((i for i, (a, b) in enumerate(zip(got.tokens, expected.tokens)) if a != b),
-                  min(len(got.tokens), len(expected.tokens)))
+    at = first_mismatch(got.tokens, expected.tokens)
+    if at is not None:
         return (f"the tokens first differ at reply token {at} "
                 f"({len(got.tokens)} tokens, expected {len(expected.tokens)})")
-    if got.passes != expected.passes:
-        at = next((i for i, (a, b) in enumerate(zip(got.passes, expected.passes)) if a != b),
-                  min(len(got.passes), len(expected.passes)))
+    at = first_mismatch(got.passes, expected.passes)
+    if at is not None:
         mine = got.passes[at] if at < len(got.passes) else "none"
         theirs = expected.passes[at] if at < len(expected.passes) else "none"
         return f"forward pass {at} differs: (tokens, first position) {mine}, expected {theirs}"
