@@ -47,11 +47,20 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             srv.requests.append((self.path, dict(self.headers), body))
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        self.counted = True
         try:
             self._answer(body)
         finally:
-            with srv.lock:
-                srv.in_flight -= 1
+            self._leave()
+
+    def _leave(self):
+        """The request stops counting as in flight, once, just before its last bytes
+        are written: the client may send its next request as soon as it reads them,
+        before this thread runs again (on a busy machine, long before)."""
+        if self.counted:
+            self.counted = False
+            with self.server.lock:
+                self.server.in_flight -= 1
 
     def _answer(self, body):
         model = body["model"]
@@ -74,6 +83,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             self._send({"choices": [choice]})
         if model != "fake-nousage" and body.get("stream_options", {}).get("include_usage"):
             self._send({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": n + 7}})
+        self._leave()
         self.wfile.write(b"data: [DONE]\n\n")
 
     def _send(self, obj):
@@ -86,6 +96,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
+        self._leave()
         self.wfile.write(payload)
 
 
