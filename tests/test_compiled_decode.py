@@ -33,9 +33,9 @@ def test_enforce_eager_is_checked_before_loading():
 @pytest.mark.slow
 def test_compiled_decode_writes_the_eager_tokens(one_layer_dir):
     """INT8 weights with fp32 activations: its packed kernel serves up to 4 rows
-    (quant.KERNEL_MAX_ROWS), so a batch of 5 takes another path, and another
-    graph, which the engine must have compiled when it was built too. (On a CPU
-    without bf16 units, a bf16 model switches at 4 rows in the same way.)"""
+    (quant.KERNEL_MAX_ROWS), so a batch of 5 (padded to 8) takes another path,
+    and another graph, which the engine must have compiled when it was built
+    too. (On a CPU without bf16 units, a bf16 model switches at 4 rows in the same way.)"""
     from torch._dynamo.utils import counters
 
     kw = dict(dtype="float32", device="cpu", num_kv_blocks=64, quantization="int8")
@@ -119,41 +119,107 @@ def test_each_emulated_cpu_compiles_into_a_cache_of_its_own():
     assert inductor_cache_dir(user_set) is None  # the user's choice wins
 
 
-def test_the_warm_up_crosses_every_row_limit_of_a_layer_up_to_max_num_seqs():
-    """Each kernel module declares its row limits (cpu_linear's rule 5); the runner
-    asks the prepared model for the sizes just past them, and knows no kernel constant."""
+def test_decode_batches_pad_up_to_a_short_list_of_sizes():
+    from tinyinfer.decode_batch import capture_sizes, padded_size
+
+    assert capture_sizes(16) == [1, 2, 4, 8, 16]
+    assert capture_sizes(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 24]  # the last size holds max_num_seqs
+    assert capture_sizes(3) == [1, 2, 4] and capture_sizes(1) == [1]
+    sizes = capture_sizes(32)
+    assert [padded_size(n, sizes) for n in (1, 2, 3, 5, 8, 9, 17, 32)] == [1, 2, 4, 8, 8, 16, 24, 32]
+    assert padded_size(33, sizes) is None
+
+
+def test_padded_rows_touch_only_the_reserved_block():
     import torch
-    from torch import nn
 
-    from tinyinfer import quant
-    from tinyinfer.cpu_linear import UPCAST_DTYPES, UPCAST_MIN_ROWS, pack_for_cpu
-    from tinyinfer.prepare import PreparedModel
+    from tinyinfer.decode_batch import DecodeBuffers
 
-    w = torch.randn(64, 128)
-    layers = [quant.Int8Linear.from_weight(w), quant.Int4Linear.from_weight(w.bfloat16(), 32),
-              quant.Int8LMHead.from_weight(w), *pack_for_cpu(nn.Sequential(nn.Linear(128, 64, bias=False).bfloat16()))]
-    prepared = PreparedModel(nn.Sequential(*layers))
-    want = set()
-    for layer in layers[:3]:
-        if layer.has_layout():
-            want.add(quant.KERNEL_MAX_ROWS[(layer.KIND, layer.kernel_dtype)] + 1)
-    if layers[2].has_layout():
-        want.add(quant.Int8LMHead.MAX_KERNEL_ROWS + 1)
-    if torch.bfloat16 in UPCAST_DTYPES:  # a CPU without bf16 units: bf16 rows from 4 on in fp32
-        want.add(UPCAST_MIN_ROWS)
-    wide = prepared.path_switches(1000)
-    assert wide == sorted(n for n in want if n > 3)
-    assert prepared.path_switches(16) == [n for n in wide if n <= 16] and prepared.path_switches(3) == []
-    import tinyinfer.model_runner as runner_module  # the runner knows no kernel: it asks the prepared model
-    source = open(runner_module.__file__).read()
-    assert "cpu_linear" not in source and "from .quant" not in source
+    buffers = DecodeBuffers(max_size=8, max_blocks_per_seq=4, block_size=4, pad_block=9, device="cpu")
+    input_ids, meta = buffers.fill([11, 12, 13], [6, 2, 9], [[3, 5], [7], [0, 1, 2]], size=4)
+    assert input_ids.tolist() == [[11, 12, 13, 0]]
+    assert meta.positions.tolist() == [[5, 1, 8, 0]]
+    assert meta.slot_mapping.tolist() == [5 * 4 + 1, 7 * 4 + 1, 2 * 4 + 0, 9 * 4]  # the pad row writes to block 9
+    assert meta.block_tables.tolist() == [[3, 5, 9], [7, 9, 9], [0, 1, 2], [9, 9, 9]]
+    assert meta.context_lens.tolist() == [6, 2, 9, 1] and meta.key_positions.tolist() == list(range(9))
+    assert meta.slot_mapping.data_ptr() == buffers.slot_mapping.data_ptr()  # views: the addresses never move
+    _, meta = buffers.fill([1], [3], [[4]], size=1)
+    assert meta.block_tables.tolist() == [[4, 9]]  # never 1 block wide (a size of 1 is traced as a constant)
+    assert torch.equal(meta.key_positions, torch.arange(3))
+
+
+@pytest.mark.slow
+def test_every_padded_size_writes_the_eager_tokens_and_compiles_nothing_after_warm_up(one_layer_dir):
+    """Batches of 1 to 8 sequences, with contexts of 5 and 40 tokens in one step,
+    each padded to 1, 2, 4 or 8 rows: the tokens of the eager engine (which does
+    not pad, and runs the two lengths in separate attention groups), and no
+    compile after the engine was built."""
+    from torch._dynamo.utils import counters
+
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_num_seqs=8)
+    eager = LLM(one_layer_dir, **kw)
+    compiled = LLM(one_layer_dir, **kw, enforce_eager=False)
+    assert compiled.runner.capture_sizes == [1, 2, 4, 8]
+    graphs = counters["stats"]["unique_graphs"]
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    long_prompt = " ".join(["word"] * 39)  # 40 tokens with the BOS: a context 8x the short one's
+    engine = compiled.llm_engine
+    for n in range(1, 9):
+        prompts = [PROMPTS[0] if i % 2 else long_prompt for i in range(n)]
+        want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+        assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == want, n
+        assert engine.stats.num_eager_decode_steps == 0, engine.stats.eager_decode_reason
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
+def test_the_guard_filter_drops_the_later_layers_guards_and_the_generation_still_forces_a_trace(tiny_dir, monkeypatch):
+    """decode_step_guards on the real guards of a 2-layer model: it keeps well
+    under all of them (if torch renamed its guards, it would keep all, and this
+    fails), and it drops only later layers' guards. A pass that changes only
+    layer 1, which no kept guard watches, bumps the model's generation: the next
+    step traces again and writes the eager engine's tokens."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from tinyinfer import model_runner, quant
+    from tinyinfer.cpu_linear import bump_generation
+
+    seen, real_filter = [], model_runner.decode_step_guards
+
+    def spy(guards):
+        keep = real_filter(guards)
+        seen.append((guards, keep))
+        return keep
+
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_num_seqs=2)
+    eager = LLM(tiny_dir, **kw)
+    torch._dynamo.reset()  # no graph of an earlier test may serve this model: its guards must be made here
+    monkeypatch.setattr(model_runner, "decode_step_guards", spy)
+    compiled = LLM(tiny_dir, **kw, enforce_eager=False)
+    total = sum(len(guards) for guards, _ in seen)
+    kept = sum(sum(keep) for _, keep in seen)
+    assert 0 < kept < 0.8 * total, (kept, total)
+    dropped = [g.name for guards, keep in seen for g, k in zip(guards, keep) if not k]
+    assert all("'1'" in name or "_layers[1]" in name for name in dropped), dropped[:5]
+
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for llm in (eager, compiled):  # layer 1's MLP output projection: INT8 weights now, in both engines
+        mlp = llm.model.model.layers[1].mlp
+        mlp.down_proj = quant.Int8Linear.from_weight(mlp.down_proj.weight.detach())
+        bump_generation(llm.model)
+    graphs = counters["stats"]["unique_graphs"]
+    want = [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
+    assert [o.outputs[0].token_ids for o in compiled.generate(PROMPTS, params)] == want
+    assert counters["stats"]["unique_graphs"] > graphs  # traced again for the new generation
 
 
 @pytest.mark.slow
 def test_compiled_steps_are_checked_swapped_and_explained(one_layer_dir, tiny_dir):
     """Three promises of the compiled path, on one compiled engine:
+    - a decode batch larger than the largest compiled size runs eagerly and says why in the stats;
     - an in-place weight edit is refused before a compiled step, as before an eager one;
-    - a batch whose contexts are far apart (5 and 40 tokens) runs eagerly and says why in the stats;
     - runner.model = m drops the compiled steps of the old model (else decode steps would run it)."""
     import copy
 
@@ -164,18 +230,19 @@ def test_compiled_steps_are_checked_swapped_and_explained(one_layer_dir, tiny_di
     compiled = LLM(one_layer_dir, dtype="float32", device="cpu", num_kv_blocks=64, enforce_eager=False)
     engine = compiled.llm_engine
 
-    long_prompt = " ".join(["word"] * 39)
-    for prompts in (PROMPTS[:1], [PROMPTS[0], long_prompt]):
-        want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
-        assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == want, prompts
-    assert engine.stats.num_eager_decode_steps > 0  # the far-apart batch
+    compiled.runner.capture_sizes = [1, 2]  # as if 2 were the largest size: a batch of 3 runs eagerly
+    prompts = PROMPTS + PROMPTS[:1]
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == want
+    assert engine.stats.num_eager_decode_steps > 0
     reasons = set()
-    engine.add_request(PROMPTS[0], params)
-    engine.add_request(long_prompt, params)
+    for prompt in prompts:
+        engine.add_request(prompt, params)
     while engine.has_unfinished_requests():
         engine.step()
         reasons.add(engine.stats.eager_decode_reason)
-    assert any(r and "groups" in r for r in reasons), reasons
+    assert "a batch of 3 sequences is larger than the largest compiled size, 2" in reasons, reasons
+    compiled.runner.capture_sizes = [1, 2, 4, 8, 16]
 
     weight = next(p for p in compiled.model.parameters() if p.dim() == 2)
     with torch.no_grad():

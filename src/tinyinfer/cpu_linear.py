@@ -41,9 +41,11 @@ rule, so there is one rule for every kernel layout in the engine:
      the engine, call check_layouts(model) yourself. An edit through `w.data`
      is invisible (`.data` is an alias with a counter of its own): after one,
      call repack(model), or the kernel keeps reading the old weights.
-  5. Each module says at which numbers of rows its forward changes path
-     (`row_limits`): a compiled decode step is specialised to the path it
-     traced, so the engine compiles one graph past each limit at start-up.
+  5. Every pass over a model (pack_for_cpu, repack, quant.quantize_model,
+     quant.set_use_kernel) bumps the model's `tinyinfer_generation`
+     (bump_generation). A compiled decode step guards on that number
+     (model_runner.decode_forward), so a transformed model is traced again,
+     even where the guards of its later layers are not checked.
 
 Memory: a layout is a second copy of its weights (a PackedLinear keeps the
 plain weight and the packed one), so a packed model holds about twice its
@@ -158,10 +160,6 @@ class PackedModule(nn.Module):
         cannot be known: no layout made yet, or weights made in inference mode.)"""
         return self._layout_versions is not None and _versions(self.layout_sources()) == self._layout_versions
 
-    def row_limits(self) -> tuple[int, ...]:
-        """Rule 5: the row counts n at which forward takes another path for n + 1 rows."""
-        return ()
-
     def check_layout(self) -> None:
         """Rule 4: refuse a layout older than its weights' last in-place edit."""
         if self._layout_versions is None:
@@ -215,10 +213,6 @@ class PackedLinear(nn.Linear, PackedModule):
     def build_layout(self):
         packed = pack_weight(self.weight) if packable(self.weight, self.bias) else None
         self.register_buffer("packed_weight", packed, persistent=False)
-
-    def row_limits(self) -> tuple[int, ...]:
-        # a bf16 layer without a packed copy multiplies UPCAST_MIN_ROWS rows or more in fp32
-        return (UPCAST_MIN_ROWS - 1,) if self.weight.dtype in UPCAST_DTYPES and self.bias is None else ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is None or x.dtype is not self.weight.dtype or not x.is_cpu or wants_grad(x) \
@@ -307,4 +301,11 @@ def repack(model: nn.Module, only_stale: bool = False) -> nn.Module:
     for m in model.modules():
         if isinstance(m, PackedModule) and not (only_stale and m.layout_is_current()):
             m.repack()
+    bump_generation(model)
     return model
+
+
+def bump_generation(model: nn.Module) -> None:
+    """Rule 5: say that a pass changed `model`'s modules or layouts. A compiled
+    decode step that traced the old model sees a new number and is traced again."""
+    model.tinyinfer_generation = getattr(model, "tinyinfer_generation", 0) + 1

@@ -10,7 +10,9 @@ static_batching.py.
 
 enforce_eager=False (vLLM's switch) runs decode steps through a torch.compile'd
 model: the many small operators of a step are fused into a few generated
-kernels. Chapter 4 shows why those per-operator costs matter.
+kernels. Chapter 4 shows why those per-operator costs matter. Such a step has
+one of a few fixed batch sizes, padded up to, and its inputs live in buffers
+filled in place (decode_batch.py).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .decode_batch import DecodeBuffers, capture_sizes, padded_size
 from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
-from .prepare import PreparedModel
+from .prepare import PreparedModel, generation
 
 
 # A guard's source inside a decoder layer other than the first: the model's
@@ -46,6 +49,17 @@ def decode_step_guards(guards) -> list[bool]:
     checks. vLLM goes further: one model per process, one graph, and no
     guards at all."""
     return [not _LATER_LAYER.search(guard.name) for guard in guards]
+
+
+def decode_forward(model, input_ids, positions, cache, meta):
+    """What torch.compile traces for a decode step: the model's forward, plus
+    one check on the model's generation. Dynamo guards on every value a traced
+    function reads, so this read keeps a guard on the root of the model, where
+    decode_step_guards keeps everything: a pass that changes the model, even in
+    a layer whose guards are dropped, bumps the number and forces a new trace
+    (cpu_linear's rule 5)."""
+    torch._check(generation(model) >= 0)
+    return model(input_ids, positions, cache, meta)[0]
 
 
 @dataclass
@@ -80,10 +94,15 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
-        self.max_num_seqs = max_num_seqs  # the largest decode batch: compile_or_warm_up_model covers up to it
+        self.max_num_seqs = max_num_seqs  # the largest decode batch
         self.prepared = PreparedModel(model)  # the model and its kernel modules, listed once
         self._compiled_model = None  # made by compile_or_warm_up_model when enforce_eager is False
-        self.paged_cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
+        # One block more than the BlockManager hands out: padded rows of a
+        # fixed-size decode step write there, and no sequence ever reads it.
+        self.paged_cache = PagedKVCache(model.config, num_blocks + 1, block_size, dtype, device)
+        self.capture_sizes = capture_sizes(max_num_seqs)  # the decode batch sizes that run compiled
+        max_blocks = -(-model.config.max_position_embeddings // block_size)
+        self.decode_buffers = DecodeBuffers(self.capture_sizes[-1], max_blocks, block_size, num_blocks, device)
         self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> K, V in host memory
         self.eager_decode_reason: str | None = None  # why the last decode-only step did not run compiled
 
@@ -95,13 +114,14 @@ class ModelRunner:
     def model(self, model) -> None:
         """Swap the model (chapter 6 does, to time several on one engine). The
         compiled decode steps wrap the old model and would go on running it: they
-        are dropped, and the next decode step compiles for the new one (free when
-        torch has graphs for a model of the same shapes already). No warm-up runs
-        here: it writes to block 0, which a live sequence may hold. The KV cache
-        stays, so the new model must have the old one's cache shape."""
+        are dropped and compiled again for the new one, now (free when torch has
+        graphs for a model of the same shapes already). The KV cache stays, so
+        the new model must have the old one's cache shape. (A pass run on the
+        same model, quantize_model say, needs no swap: cpu_linear's rule 5.)"""
         _check_same_cache_shape(self.model.config, model.config)
         self.prepared = PreparedModel(model)
         self._compiled_model = None
+        self.compile_or_warm_up_model()  # touches only the reserved block: safe beside live sequences
 
     @torch.inference_mode()
     def execute_model(self, out) -> ModelOutput:
@@ -111,32 +131,49 @@ class ModelRunner:
         only its token ids are read, which nothing changes during a step."""
         self.prepared.check_current()  # once per step, before anything moves: compiled steps too
         self._move_blocks(out)
-        ids = []
-        for entry in out.scheduled:
-            ids += entry.seq.token_ids[entry.start : entry.start + entry.num_new_tokens]  # never the whole context
-        query_lens = [entry.num_new_tokens for entry in out.scheduled]
-        context_lens = [entry.start + entry.num_new_tokens for entry in out.scheduled]
-        meta = PagedAttentionMetadata.build(query_lens, context_lens, [entry.block_table for entry in out.scheduled],
-                                            self.paged_cache.block_size, self.device)
-        input_ids = torch.tensor(ids, device=self.device)[None]
-        wants_compiled = not self.enforce_eager and max(query_lens) == 1  # a decode-only step
-        self.eager_decode_reason = self._why_eager(meta) if wants_compiled else None
-        if wants_compiled and self.eager_decode_reason is None:
-            hidden = self._run_compiled(input_ids, meta)
+        size = self._decode_size(out)
+        if size is not None:
+            hidden = self._run_decode(out, size)
         else:
-            hidden = self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
-        ends = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's last new token
+            hidden = self._run_eager(out)
+        query_lens = torch.tensor([entry.num_new_tokens for entry in out.scheduled])
+        ends = query_lens.cumsum(0) - 1  # each sequence's last new token
         rows = [b for b, entry in enumerate(out.scheduled) for _ in entry.samples]  # one per sampling sequence
         logits = self.model.compute_logits(hidden[ends[rows].to(self.device)])
         return ModelOutput(logits, self._prompt_logits(out, hidden, ends))
 
-    @staticmethod
-    def _why_eager(meta) -> str | None:
-        """Why a decode-only step cannot run the compiled model (None: it can).
-        Reported in SchedulerStats.eager_decode_reason, so that a slow step is never a mystery."""
-        if len(meta.groups) != 1:  # contexts too far apart: attention runs in groups (paged_kv_cache.py)
-            return f"contexts of unlike lengths: attention ran in {len(meta.groups)} groups, compiled steps take 1"
-        return None
+    def _run_eager(self, out) -> torch.Tensor:
+        """Any step, eagerly: the new tokens packed into one flat row, attention in groups."""
+        ids = []
+        for entry in out.scheduled:
+            ids += entry.seq.token_ids[entry.start : entry.start + entry.num_new_tokens]  # never the whole context
+        meta = PagedAttentionMetadata.build([entry.num_new_tokens for entry in out.scheduled],
+                                            [entry.start + entry.num_new_tokens for entry in out.scheduled],
+                                            [entry.block_table for entry in out.scheduled],
+                                            self.paged_cache.block_size, self.device)
+        input_ids = torch.tensor(ids, device=self.device)[None]
+        return self.model(input_ids, meta.positions, self.paged_cache, meta)[0]  # [N, C]
+
+    def _decode_size(self, out) -> int | None:
+        """The padded batch size a compiled decode step runs at, or None for an
+        eager step. A decode-only step that cannot run compiled says why in
+        eager_decode_reason (SchedulerStats reports it), so that a slow step is never a mystery."""
+        decode_only = bool(out.scheduled) and all(entry.num_new_tokens == 1 for entry in out.scheduled)
+        if self.enforce_eager or not decode_only:
+            self.eager_decode_reason = None  # eager by choice, or a prompt step: nothing to explain
+            return None
+        size = padded_size(len(out.scheduled), self.capture_sizes)
+        self.eager_decode_reason = None if size is not None else (
+            f"a batch of {len(out.scheduled)} sequences is larger than the largest compiled size, "
+            f"{self.capture_sizes[-1]}")
+        return size
+
+    def _run_decode(self, out, size: int) -> torch.Tensor:
+        """A decode-only step through the compiled model, padded to `size` rows."""
+        token_ids = [entry.seq.token_ids[entry.start] for entry in out.scheduled]
+        input_ids, meta = self.decode_buffers.fill(token_ids, [entry.start + 1 for entry in out.scheduled],
+                                                   [entry.block_table for entry in out.scheduled], size)
+        return self._run_compiled(input_ids, meta)
 
     def _move_blocks(self, out) -> None:
         cache = self.paged_cache
@@ -164,63 +201,63 @@ class ModelRunner:
         self.swapped.pop(seq_id, None)
 
     def _run_compiled(self, input_ids, meta):
+        # Batch sizes and the longest context vary from step to step: marked
+        # dynamic, so that one trace serves them all. (Batch 1 stays a trace of
+        # its own: PyTorch specialises sizes of 1.)
+        if input_ids.shape[1] > 1:
+            for t in (input_ids, meta.positions):
+                torch._dynamo.maybe_mark_dynamic(t, 1)
+            for t in (meta.slot_mapping, meta.block_tables, meta.context_lens):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        torch._dynamo.maybe_mark_dynamic(meta.block_tables, 1)
+        torch._dynamo.maybe_mark_dynamic(meta.key_positions, 0)
         try:
-            return self.compiled_model()(input_ids, meta.positions, self.paged_cache, meta)[0]
+            return self.compiled_model()(self.model, input_ids, meta.positions, self.paged_cache, meta)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # e.g. no C++ compiler: say so, carry on eagerly
             cause = getattr(e, "inner_exception", None) or e
             first_line = (str(cause).splitlines() or [""])[0]
             warnings.warn(f"enforce_eager=False: torch.compile failed ({type(cause).__name__}: {first_line}); "
                           "running eagerly instead", RuntimeWarning, stacklevel=2)
             self.enforce_eager = True
+            self.eager_decode_reason = f"torch.compile failed ({type(cause).__name__})"
             return self.model(input_ids, meta.positions, self.paged_cache, meta)[0]
 
     def compiled_model(self):
-        """The model compiled for decode steps (every sequence adds one token, one
-        attention group): the steady state of generation, and the step that is
-        run hundreds of times. A compiled graph is specialised to the Python
-        branches it took (query lengths, groups, mask or none); decode steps
-        take the same ones every time. There are two kinds: batch 1 (no mask;
-        PyTorch also specialises sizes of 1) and a batch (always masked, see
-        paged_kv_cache.py), whose batch size and context length become symbolic
-        once PyTorch has seen them change, one graph for each side of a batch
-        size where a layer changes paths (path_switches).
-        compile_or_warm_up_model compiles all of it up front. Prompt and mixed steps vary in shape at every step
-        and would keep recompiling, so they stay eager. vLLM's FULL_DECODE_ONLY
-        CUDA-graph mode draws the same line: whole-step graphs for decode-only
-        batches only."""
+        """decode_forward, compiled for decode steps (every sequence adds one
+        token): the steady state of generation, and the step that is run
+        hundreds of times. A compiled graph is specialised to the Python
+        branches it took, and a decode step of a fixed size takes the same ones
+        every time. compile_or_warm_up_model runs every size once, up front, so
+        that each graph a step can need exists before the first request: batch
+        1, and a batch whose size and longest context are symbolic (one graph,
+        or one per side of a batch size where a layer changes paths). Prompt and
+        mixed steps vary in shape at every step and would keep recompiling, so
+        they stay eager. vLLM's FULL_DECODE_ONLY CUDA-graph mode draws the same
+        line: whole-step graphs for decode-only batches only."""
         if self._compiled_model is None:
-            self._compiled_model = torch.compile(self.model, dynamic=True,
-                                                 options={"guard_filter_fn": decode_step_guards})
+            self._compiled_model = torch.compile(decode_forward, options={"guard_filter_fn": decode_step_guards})
         return self._compiled_model
 
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
-        """Compile the decode steps now, on dummy tokens, so that no
-        request waits for a compile later: a compile takes about a minute on a
-        CPU, and every request in the batch that met a new kind would stall for
-        it. vLLM's workers compile and capture their graphs at start-up too
-        (their method of this name). Nothing of the dummy steps stays: every
-        dummy position maps to block 0, which is zeroed after."""
+        """Compile the decode steps now, on dummy tokens, so that no request
+        waits for a compile later: a compile takes about a minute on a CPU, and
+        every request in the batch that met a new kind would stall for it.
+        vLLM's workers compile and capture their graphs at start-up too (their
+        method of this name). Every dummy row is a padded row (decode_batch.py):
+        it reads and writes only the runner's reserved block, so warming up
+        touches no sequence's keys, and may run again after a model swap."""
         if self.enforce_eager:
             return
-        print("tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
-              "(batch 1, then batches), a minute or more each on a CPU", file=sys.stderr)
-        bs = self.paged_cache.block_size
-        # Batch 1; then batches of 2 and 3 sequences of unequal lengths (the
-        # first batch compiles with its sizes fixed, the second with them
-        # symbolic, once PyTorch has seen them change); then one batch past
-        # each size where a layer changes paths (path_switches: on a CPU
-        # without bf16 units, a bf16 model's first batch of 4 would otherwise
-        # compile mid-request, minutes on a CPU). Every size differs from the
-        # others: PyTorch assumes that sizes equal when it compiles stay equal,
-        # and would compile again when they are not.
-        past_switches = [list(range(2 * n + 4, n + 4, -1)) for n in self.prepared.path_switches(self.max_num_seqs)]
-        for context_lens in ([5], [5, 3], [9, 7, 6], *past_switches):
-            n = len(context_lens)
-            meta = PagedAttentionMetadata.build([1] * n, context_lens, [[0] * max(context_lens)] * n, bs,
-                                                self.device)
-            self._run_compiled(torch.zeros(1, n, dtype=torch.long, device=self.device), meta)
+        print(f"tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
+              f"(batch sizes {', '.join(map(str, self.capture_sizes))}), a minute or more on a CPU", file=sys.stderr)
+        # Contexts of 37 tokens: unlike every batch size and block count, so that
+        # PyTorch, which assumes that sizes equal when it traces stay equal,
+        # keeps the longest context, its blocks and the batch size apart.
+        pad, context = self.decode_buffers.pad_block, 37
+        table = [pad] * -(-context // self.paged_cache.block_size)
+        for size in self.capture_sizes:
+            input_ids, meta = self.decode_buffers.fill([0] * size, [context] * size, [table] * size, size)
+            self._run_compiled(input_ids, meta)
             if self.enforce_eager:  # the compile failed and _run_compiled said so: eager from now on
                 break
-        self.paged_cache.k[:, :bs] = 0
-        self.paged_cache.v[:, :bs] = 0

@@ -110,6 +110,26 @@ class PagedAttentionMetadata:
                               None if mask is None else mask.to(device), len(members), t, S, is_causal)
 
 
+@dataclass
+class DecodeMetadata:
+    """One decode step of a fixed batch size P, for compiled steps (model_runner.py).
+
+    Every row adds one token, so attention needs no groups: each row's keys are
+    read through its block table up to the longest context in the step, S, and
+    a mask hides what lies past a row's own context. The tensors are views of
+    buffers the runner allocated once and fills in place (decode_batch.py): the
+    shapes come from a short list and the addresses never move, which is what
+    a compiled step, and later a CUDA graph, wants. Rows past the real batch
+    are padding: they read and write a block no sequence owns, and nobody
+    samples them."""
+
+    positions: torch.Tensor  # [1, P] position of each row's new token
+    slot_mapping: torch.Tensor  # [P] pool slot each row's new K/V is written to
+    block_tables: torch.Tensor  # [P, W] each row's blocks, enough of them for S positions
+    context_lens: torch.Tensor  # [P] keys each row may see, its new token included
+    key_positions: torch.Tensor  # [S] 0, 1, ..., S-1: the positions read, the same for every row
+
+
 class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype, device):
         shape = (config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads, config.head_dim)
@@ -161,6 +181,8 @@ class PagedKVCache:
         """q [1, N, H, D], k and v [1, N, Hkv, D] for the N packed tokens.
         Returns [1, N, H*D]."""
         k_pool, v_pool = self.k_layers[layer], self.v_layers[layer]  # [slots, Hkv, D]
+        if isinstance(meta, DecodeMetadata):
+            return self._attend_decode(k_pool, v_pool, q, k, v, meta)
         # 1. write the new keys and values into their slots. (index_copy_ and
         # index_select below do what `pool[slots] = x` and `pool[slots]` do, with
         # one fast row copy per slot instead of general advanced indexing: 3-4x
@@ -193,3 +215,22 @@ class PagedKVCache:
                 return o[None]
             out.index_copy_(0, g.token_index, o)
         return out[None]
+
+    def _attend_decode(self, k_pool, v_pool, q, k, v, meta: DecodeMetadata) -> torch.Tensor:
+        """attend() for a fixed-size decode step: one query per row, one call
+        for the whole batch whatever its contexts. (The groups above save the
+        gather of a short context beside a long one; a compiled step wants one
+        shape instead, and pays for reading every row up to the longest.)"""
+        P, H, D = q.shape[1], q.shape[2], q.shape[3]
+        Hkv, S, bs = k.shape[2], meta.key_positions.shape[0], self.block_size
+        k_pool.index_copy_(0, meta.slot_mapping, k[0])
+        v_pool.index_copy_(0, meta.slot_mapping, v[0])
+        key_slots = slot_ids(meta.block_tables, meta.key_positions, bs).flatten()  # [P * S]
+        keys = k_pool.index_select(0, key_slots).view(P, S, Hkv, D).transpose(1, 2)  # [P, Hkv, S, D]
+        values = v_pool.index_select(0, key_slots).view(P, S, Hkv, D).transpose(1, 2)
+        # Batch 1 sees every key it reads (S is its context); a batch masks each
+        # row past its own context. The mask is made here, from the buffers, so
+        # that a compiled step needs nothing built on the host.
+        mask = None if P == 1 else (meta.key_positions[None, :] < meta.context_lens[:, None]).view(P, 1, 1, S)
+        o = F.scaled_dot_product_attention(q[0].view(P, Hkv, H // Hkv, D), keys, values, attn_mask=mask)
+        return o.reshape(P, H * D)[None]

@@ -10,14 +10,16 @@ once, in this order:
   3. compile (ModelRunner.compile_or_warm_up_model), if asked, happens after,
      on the prepared model.
 
-The runner then asks the PreparedModel for three things only, so that it never
+The runner then asks the PreparedModel for two things only, so that it never
 needs to know a kernel's constants:
-  - path_switches(): the batch sizes to compile past, because a layer changes
-    path there (each kernel module declares its own row limits);
   - check_current(): once per step, that no kernel layout is older than an
-    in-place edit of its weights (eager and compiled steps alike);
-  - a new PreparedModel when the runner's model is swapped (runner.model = m),
-    which also drops the compiled decode steps of the old one.
+    in-place edit of its weights (eager and compiled steps alike). A pass run
+    on the model since (quantize_model, repack, ...: cpu_linear's rule 5) may
+    have swapped modules, so their list is made again first;
+  - which generation of the model it is (generation(model), the number a
+    compiled decode step guards on: model_runner.decode_forward).
+A swapped model (runner.model = m) gets a PreparedModel of its own, and the
+runner drops the compiled decode steps of the old one.
 """
 from __future__ import annotations
 
@@ -32,20 +34,23 @@ class PreparedModel:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        # Listed once: walking 300 modules at every step would cost more than checking them.
-        self.kernel_modules = [m for m in model.modules() if isinstance(m, PackedModule)]
+        self._list_kernel_modules()
+
+    def _list_kernel_modules(self) -> None:
+        # Listed once per generation: walking 300 modules at every step would cost more than checking them.
+        self.generation = generation(self.model)
+        self.kernel_modules = [m for m in self.model.modules() if isinstance(m, PackedModule)]
 
     def check_current(self) -> None:
         """Refuse a step on a layout made before an in-place edit (cpu_linear's rule 4)."""
+        if generation(self.model) != self.generation:  # a pass changed the modules: list them again
+            self._list_kernel_modules()
         check_layouts(self.kernel_modules)
 
-    def path_switches(self, max_num_seqs: int) -> list[int]:
-        """The batch sizes, up to max_num_seqs, just past a row limit of some
-        layer: there a layer takes another path, and a compiled graph is
-        specialised to the path it traced, so each side of a switch is a graph
-        of its own. Sizes 2 and 3 are compiled anyway (ModelRunner's warm-up)."""
-        switches = {n + 1 for m in self.kernel_modules for n in m.row_limits()}
-        return sorted(n for n in switches if 3 < n <= max_num_seqs)
+
+def generation(model: nn.Module) -> int:
+    """How many passes have changed the model's modules or layouts (cpu_linear's rule 5)."""
+    return getattr(model, "tinyinfer_generation", 0)
 
 
 def prepare_model(model: nn.Module, device: torch.device, quantization: str | None = None,

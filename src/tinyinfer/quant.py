@@ -32,8 +32,8 @@ from torch import nn
 
 # The choices are checked in config.py (before anything loads); their names stay importable from here.
 from .config import GROUP_SIZES, QUANT_METHODS as METHODS, check_quantization as check_method  # noqa: F401
-from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, pack_weight, packable, packed_linear,
-                         plain_linear, wants_grad)
+from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, bump_generation, pack_weight, packable,
+                         packed_linear, plain_linear, wants_grad)
 
 # The nn.Linear modules inside each decoder layer (model.model.layers[i]).
 LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -195,17 +195,6 @@ class QuantizedLinear(PackedModule):
     def has_layout(self) -> bool:
         return getattr(self, self.LAYOUT[0]) is not None
 
-    def row_limits(self) -> tuple[int, ...]:
-        """cpu_linear's rule 5: the kernel serves up to KERNEL_MAX_ROWS rows, and
-        the reference path multiplies UPCAST_MIN_ROWS rows or more of bf16 in fp32
-        on a CPU without bf16 units."""
-        limits = []
-        if self.use_kernel and self.has_layout():
-            limits.append(KERNEL_MAX_ROWS.get((self.KIND, self.kernel_dtype), 0))
-        if self.kernel_dtype in UPCAST_DTYPES:
-            limits.append(UPCAST_MIN_ROWS - 1)
-        return tuple(n for n in limits if n > 0)
-
 
 def _kernel_serves(x: torch.Tensor, layer) -> bool:
     """Can the layer's packed kernel take this input? Its layout's dtype, a
@@ -293,12 +282,6 @@ class Int8LMHead(Int8Linear):
         packed = pack_weight(dense) if packable(dense, None) else None
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("dense_weight", None if packed is not None else dense, persistent=False)
-
-    def row_limits(self) -> tuple[int, ...]:
-        limits = super().row_limits()
-        if self.use_kernel and self.has_layout():  # one row through the INT8 kernel, more through the copy
-            limits += (self.MAX_KERNEL_ROWS,)
-        return limits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -407,6 +390,7 @@ def quantize_model(model: nn.Module, method: str | None, group_size: int = 128, 
         else:
             new = (Int8LMHead if dotted == "lm_head" else Int8Linear).from_weight(w, use_kernel)
         setattr(owner, leaf, new)
+    bump_generation(model)  # cpu_linear's rule 5: a compiled step must not run the old layers
     return model
 
 
@@ -415,6 +399,7 @@ def set_use_kernel(model: nn.Module, on: bool) -> None:
     for m in model.modules():
         if isinstance(m, (Int8Linear, Int4Linear)):
             m.use_kernel = on
+    bump_generation(model)  # another path in forward: a compiled step traces it again
 
 
 def _nbytes(t: torch.Tensor) -> int:
