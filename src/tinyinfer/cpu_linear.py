@@ -9,7 +9,10 @@ weight once into its own blocked layout ("packing"), after which every call
 streams it straight into its vector kernels. On the course's machine (2 cores,
 AVX-512 with BF16) a decode step's products over SmolLM2's weights ran 1.4x as
 fast as `F.linear` in bf16 and 1.9-2.1x as fast in fp32, at batch 1 to 32
-(`python benchmarks/linear.py` measures it on the reader's machine).
+(`python benchmarks/linear.py` measures it on the reader's machine). For a
+single row the packed kernel is not the fastest on every CPU (on an Intel Xeon
+with AMX, `F.linear` beat it in fp32), so that one route is measured once per
+CPU and remembered (kernel_choice.py, `PackedLinear.one_row`).
 vLLM's CPU backend does the same: it builds a oneDNN matmul with a prepacked
 weight for every dense layer (`dispatch_cpu_unquantized_gemm` in
 vllm/model_executor/layers/utils.py). The result is the same product: oneDNN
@@ -199,6 +202,10 @@ class PackedLinear(nn.Linear, PackedModule):
     multiplies several rows at once in fp32 (UPCAST_DTYPES)."""
 
     LAYOUT = ("packed_weight",)
+    # The route for a single row (a batch-1 decode step): "packed", or "plain"
+    # (F.linear on the plain weight) where that was measured faster on this CPU.
+    # prepare.prepare_model sets it (kernel_choice.py).
+    one_row = "packed"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "PackedLinear":
@@ -218,6 +225,8 @@ class PackedLinear(nn.Linear, PackedModule):
         if self.packed_weight is None or x.dtype is not self.weight.dtype or not x.is_cpu or wants_grad(x) \
                 or (torch.is_grad_enabled() and self.weight.requires_grad):
             return plain_linear(x, self.weight, self.bias)
+        if self.one_row == "plain" and x.numel() == self.in_features:
+            return F.linear(x, self.weight)
         return packed_linear(x, self.packed_weight, self.out_features)
 
 

@@ -6,7 +6,8 @@ once, in this order:
   1. quantize (quant.quantize_model), if asked: the decoder layers' linears
      become INT8 or INT4 twins, each owning its kernel layout;
   2. on a CPU, pack (cpu_linear.pack_for_cpu): every other linear gets the
-     fastest layout this CPU has;
+     fastest layout this CPU has, and the faster route for a single row,
+     measured once on this CPU (kernel_choice.py);
   3. compile (ModelRunner.compile_or_warm_up_model), if asked, happens after,
      on the prepared model.
 
@@ -26,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cpu_linear import PackedModule, check_layouts, pack_for_cpu
+from .cpu_linear import PackedLinear, PackedModule, bump_generation, check_layouts, pack_for_cpu
+from .kernel_choice import one_row_kernel
 
 
 class PreparedModel:
@@ -63,4 +65,16 @@ def prepare_model(model: nn.Module, device: torch.device, quantization: str | No
         quantize_model(model, quantization, group_size, lm_head=lm_head_quantization)
     if device.type == "cpu":  # kernel layouts for this CPU (cpu_linear.py)
         pack_for_cpu(model)
+        choose_one_row_route(model)
     return model
+
+
+def choose_one_row_route(model: nn.Module) -> str:
+    """Give every packed linear layer the faster route for one row on this CPU
+    (kernel_choice.py); returns it. Measured once per CPU and dtype, then read back."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m.packed_weight is not None]
+    route = one_row_kernel([m.weight for m in layers], [m.packed_weight for m in layers])
+    for m in layers:
+        m.one_row = route
+    bump_generation(model)  # another path in forward (cpu_linear's rule 5)
+    return route
