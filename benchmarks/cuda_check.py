@@ -65,6 +65,14 @@ RESULTS: dict = {}
 DEVICE = "cuda"  # --device cpu runs the same code on a CPU, with --sizes tiny: a smoke test of this script
 
 
+# Several engines live side by side here (and a transformers model): each gets
+# a fixed pool, not gpu_memory_utilization's share, which the first would take.
+KV_POOL_BYTES = 4 * 2**30
+
+
+def pool_bytes() -> int | None:
+    return KV_POOL_BYTES if DEVICE == "cuda" else None  # a CPU smoke test keeps the CPU default
+
 def make_model(name: str, dtype: torch.dtype, tokenizer_dir: Path, root: Path) -> Path:
     """A seeded random Llama in `name`'s shape, saved as a model folder tinyinfer and
     transformers both load."""
@@ -112,7 +120,7 @@ def agree(a: list[int], b: list[int]) -> int:
 def parity(folder: Path, dtype, compiled: bool, n: int = 48) -> dict:
     label = f"{str(dtype).split('.')[-1]}, {'compiled' if compiled else 'eager'}"
     llm = LLM(model=str(folder), dtype=str(dtype).split(".")[-1], device=DEVICE, enforce_eager=not compiled,
-              max_num_seqs=4)
+              max_num_seqs=4, kv_cache_memory_bytes=pool_bytes())
     hf = hf_model(folder, dtype)
     tok = llm.get_tokenizer()
     prompts = [tok.encode(p) for p in PROMPTS]
@@ -149,7 +157,8 @@ def speed(folder: Path, bw: float, batches=(1, 8), n=128, repeats=3) -> list[dic
     for compiled in (False, True):
         start = time.perf_counter()
         engines["compiled" if compiled else "eager"] = LLM(model=str(folder), dtype="bfloat16", device=DEVICE,
-                                                          enforce_eager=not compiled, max_num_seqs=max(batches))
+                                                          enforce_eager=not compiled, max_num_seqs=max(batches),
+                                                          kv_cache_memory_bytes=pool_bytes())
         print(f"  tinyinfer {'compiled' if compiled else 'eager'} built in {time.perf_counter() - start:.1f} s",
               flush=True)
     llm = engines["eager"]

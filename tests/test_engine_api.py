@@ -73,7 +73,7 @@ def test_repetition_penalty_follows_its_rule_at_every_step(llm):
     model's raw scores (one fresh forward pass per step, outside the engine)
     after the rule applied by hand: a token seen in the prompt or the reply so
     far has a positive score divided by 1.5, a negative one multiplied."""
-    from tinyinfer.sampling import next_token_logits
+    from tinyinfer.inspect import next_token_logits
 
     prompt = llm.tokenizer.encode("List three emoji:")
     plain = ids_of(llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=12, temperature=0))[0])

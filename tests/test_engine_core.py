@@ -22,6 +22,7 @@ import torch
 from tinyinfer import LLM, LLMEngine, SamplingParams
 from tinyinfer.detokenizer import IncrementalDetokenizer
 from tinyinfer.llm_engine import run_until_done
+from tinyinfer.sequence import SequenceStatus
 from tinyinfer.tokenizer import Tokenizer
 
 VOCAB = 49152  # the real tokenizer's, so text and multi-byte characters are real
@@ -223,7 +224,7 @@ def test_seeded_sampling_and_prompt_logprobs_survive_preemption(tiny_dir, mode):
     together = run(busy, reqs)
     assert busy.stats.num_preemptions > 0, "the pool was meant to force preemption"
     if mode == "swap":
-        assert busy.stats.num_swapped_out == busy.stats.num_swapped_in > 0 and not busy.model_runner.swapped
+        assert busy.stats.num_swapped_out == busy.stats.num_swapped_in > 0
     assert busy.block_manager.num_used_blocks == 0
     for rid in reqs:
         same_output(together[rid], alone[rid])
@@ -232,24 +233,36 @@ def test_seeded_sampling_and_prompt_logprobs_survive_preemption(tiny_dir, mode):
 def test_aborting_a_swapped_out_request_frees_its_host_copy(tiny_dir):
     """Step until a request sits swapped out in host memory, abort it: its host
     copy goes, the engine keeps serving the others, and every block comes back."""
+    import gc
+    import weakref
+
     engine = tiny_engine(tiny_dir, block_size=8, num_kv_blocks=10, preemption_mode="swap")
     for i in range(4):
         engine.add_request({"prompt_token_ids": prompt(20, i)}, SamplingParams(max_tokens=30, temperature=0,
                                                                               ignore_eos=True), request_id=f"r{i}")
+
+    def host_copies():
+        """Each queued sequence holds a host copy exactly while it is swapped out."""
+        queued = list(engine.scheduler.waiting) + list(engine.scheduler.running)
+        assert all((s.swapped_kv is not None) == (s.status == SequenceStatus.SWAPPED) for s in queued)
+        return [s for s in queued if s.swapped_kv is not None]
+
     victim = None
     for _ in range(200):
         engine.step()
-        swapped = [rid for rid in engine.model_runner.swapped]
-        if swapped:
-            victim = swapped[0]
+        if host_copies():
+            victim = host_copies()[0]
             break
     assert victim is not None, "no request was swapped out"
-    engine.abort_request(victim)
-    assert victim not in engine.model_runner.swapped and victim not in engine.requests
-    finished = run_until_done(engine)
-    assert victim not in finished and len(finished) == 3
+    rid, host_copy = victim.request_id, weakref.ref(victim.swapped_kv[0])
+    engine.abort_request(rid)
+    del victim
+    gc.collect()
+    assert host_copy() is None and rid not in engine.requests  # the copy went with its sequence
+    finished = run_until_done(engine, on_step=host_copies)
+    assert rid not in finished and len(finished) == 3
     assert all(len(o.outputs[0].token_ids) == 30 for o in finished.values())
-    assert engine.block_manager.num_used_blocks == 0 and not engine.model_runner.swapped
+    assert engine.block_manager.num_used_blocks == 0
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_fits_it(tiny_dir):
@@ -303,7 +316,7 @@ def test_recompute_never_grows_a_sequence_past_one_step(tiny_dir):
                        enable_chunked_prefill=False, preemption_mode="recompute")
     got = run(busy, reqs)
     assert busy.stats.num_swapped_out > 0  # in recompute mode: only the sequences too long to re-read
-    assert busy.stats.num_swapped_in == busy.stats.num_swapped_out and not busy.model_runner.swapped
+    assert busy.stats.num_swapped_in == busy.stats.num_swapped_out
     assert {r: o.outputs[0].token_ids for r, o in got.items()} == {r: o.outputs[0].token_ids for r, o in alone.items()}
 
 
@@ -352,10 +365,13 @@ def test_stats_count_requests_and_sequences_apart(tiny_dir):
     assert list(engine.requests) == ["three", "one"]
     three = engine.requests["three"]
     assert [s.index for s in three.samples] == [0, 1, 2] and all(s.request is three for s in three.samples)
-    assert len(vars(three.samples[0])) <= 15  # one sample's state, not the request's
+    # one sample's state, not the request's (with the slots its managers own:
+    # block_table, sampling_state, swapped_kv)
+    assert len(vars(three.samples[0])) <= 17
     done = run(engine, {})
     assert len(done["three"].outputs) == 3 and done["one"].finished
-    assert engine.stats.num_running_reqs == engine.stats.num_waiting_reqs == 0 and not engine.sampler.states
+    assert engine.stats.num_running_reqs == engine.stats.num_waiting_reqs == 0
+    assert not hasattr(engine.sampler, "states")  # per-sequence state lives on the sequence, and went with it
 
 
 def test_engine_config_and_arguments_must_agree(tiny_dir):
@@ -417,3 +433,42 @@ def test_the_newest_running_sequence_is_the_one_preempted(tiny_dir):
     first = next(p for p in preempted if p)
     assert first == ["c"], preempted
     assert {rid: len(o.outputs[0].token_ids) for rid, o in done.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+# --- how the engine is built ----------------------------------------------------------------
+
+
+def test_static_batching_has_no_block_pool_and_an_aborted_member_rides_along(tiny_dir):
+    """scheduling="static" gives each batch a contiguous cache: no BlockManager,
+    no prefix cache to reset, no KV blocks in the stats (the paged engine's are
+    there from the start). An aborted member leaves `running` at once but keeps
+    its row in the batch, whose shape is fixed, until the batch ends; the
+    request queued behind it starts with the next batch."""
+    paged = tiny_engine(tiny_dir)
+    assert paged.stats.kv_blocks_total == paged.stats.kv_blocks_free == paged.block_manager.num_blocks == 256
+    engine = tiny_engine(tiny_dir, scheduling="static", max_num_seqs=2)
+    assert engine.block_manager is None and engine.reset_prefix_cache() == 0 and engine.stats.kv_blocks_total == 0
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    alone = run(tiny_engine(tiny_dir, scheduling="static"), {"b": (prompt(9, 2), params)})
+    for rid, ids in (("a", prompt(5, 1)), ("b", prompt(9, 2)), ("c", prompt(7, 3))):
+        engine.add_request({"prompt_token_ids": ids}, params, request_id=rid)
+    engine.step()
+    engine.abort_request("a")
+    sched = engine.scheduler
+    assert [s.request_id for s in sched.running] == ["b"] and len(sched.batch) == 2 and len(sched.waiting) == 1
+    done = run_until_done(engine)
+    assert set(done) == {"b", "c"} and done["b"].outputs[0].token_ids == alone["b"].outputs[0].token_ids
+    assert sched.running == [] and sched.batch == [] and engine.stats.kv_bytes_reserved == 0
+
+
+def test_eos_ids_merge_the_model_configs_and_the_tokenizers(default_model_dir):
+    from dataclasses import replace
+
+    from tinyinfer.weights import read_config
+
+    tok, config = Tokenizer(default_model_dir), read_config(default_model_dir)
+    own = tok.eos_token_id
+    assert own is not None
+    assert tok.eos_token_ids(replace(config, eos_token_id=[own + 7, own + 3])) == [own, own + 3, own + 7]
+    assert tok.eos_token_ids(replace(config, eos_token_id=None)) == [own]
+    assert tok.eos_token_ids(replace(config, eos_token_id=own)) == [own]  # listed once

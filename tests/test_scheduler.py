@@ -63,7 +63,6 @@ def test_many_concurrent_requests_under_preemption_match_running_alone(workload_
     assert busy.scheduler.num_preemptions > 0, "the block budget was meant to force preemption"
     if mode == "swap":
         assert busy.stats.num_swapped_out == busy.stats.num_swapped_in > 0
-        assert not busy.model_runner.swapped  # every swapped cache came back
     assert_no_blocks_held(busy)
     for (prompt, params), got, ref in zip(work, together, alone):
         assert got == ref

@@ -29,8 +29,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .checks import check_int
+
+if TYPE_CHECKING:
+    from .sequence import Sequence
 
 
 @dataclass
@@ -85,7 +89,7 @@ class BlockManager:
         """A block's key: its tokens *and* everything before them (via the parent's hash)."""
         return hash((parent_hash, tuple(token_ids)))
 
-    def match_prefix(self, seq) -> list[int]:
+    def match_prefix(self, seq: Sequence) -> list[int]:
         """Ids of cached blocks holding a prefix of seq's tokens, in order.
 
         Only blocks inside token_ids[:-1] count: the last token must be computed
@@ -106,7 +110,7 @@ class BlockManager:
 
     # --- allocation -------------------------------------------------------------
 
-    def can_allocate(self, seq, num_tokens: int, hits: list[int] | None = None) -> bool:
+    def can_allocate(self, seq: Sequence, num_tokens: int, hits: list[int] | None = None) -> bool:
         """Could a sequence without blocks get them for its first num_tokens tokens
         now? `hits`: match_prefix(seq), if the caller has it already (the
         scheduler matches once per admission; [] to use no cached block)."""
@@ -115,7 +119,7 @@ class BlockManager:
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return self.blocks_for(num_tokens) - len(hits) + revived <= self.num_free_blocks
 
-    def allocate(self, seq, num_tokens: int, hits: list[int] | None = None) -> int:
+    def allocate(self, seq: Sequence, num_tokens: int, hits: list[int] | None = None) -> int:
         """Give a sequence without blocks a table for its first num_tokens tokens,
         starting with the cached blocks `hits` (default: match_prefix(seq)).
         Returns how many leading tokens those hold (already computed)."""
@@ -134,7 +138,7 @@ class BlockManager:
         self.prefix_cache_hit_tokens += cached
         return cached
 
-    def _blocks_needed(self, seq, num_tokens: int) -> tuple[int, bool]:
+    def _blocks_needed(self, seq: Sequence, num_tokens: int) -> tuple[int, bool]:
         """(free blocks needed to hold num_tokens, whether the block the next write
         lands in must be copied first)."""
         table, start = seq.block_table, seq.num_computed_tokens
@@ -145,12 +149,12 @@ class BlockManager:
             and self.blocks[table[start // self.block_size]].ref_count > 1
         return max(0, self.blocks_for(num_tokens) - len(table)) + cow, cow
 
-    def can_append(self, seq, num_tokens: int) -> bool:
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
         """Could seq's table grow to hold num_tokens tokens now (counting the copy
         a shared, partly filled block needs)?"""
         return self._blocks_needed(seq, num_tokens)[0] <= self.num_free_blocks
 
-    def append_slots(self, seq, num_tokens: int) -> list[tuple[int, int]]:
+    def append_slots(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int]]:
         """Grow seq's table to hold num_tokens tokens. Returns (src, dst) block
         copies the cache must make: copy-on-write for a shared block it writes."""
         need, cow = self._blocks_needed(seq, num_tokens)
@@ -168,7 +172,7 @@ class BlockManager:
             table.append(self._pop_free())
         return copies
 
-    def fork(self, parent, child) -> None:
+    def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (no copy until one writes)."""
         if child.block_table:
             raise ValueError(f"sequence {child.seq_id!r} already has blocks")
@@ -177,14 +181,14 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.num_hashed_blocks = parent.num_hashed_blocks
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         """Release a finished, aborted or preempted sequence's blocks. Tail blocks
         are freed first, so a prefix's head stays cached longest."""
         for block_id in reversed(seq.block_table):
             self._release(block_id)
         seq.block_table, seq.num_hashed_blocks = [], 0
 
-    def mark_computed(self, seq) -> None:
+    def mark_computed(self, seq: Sequence) -> None:
         """File every block of seq that is now full and computed (up to
         seq.num_computed_tokens) under its prefix hash, so later prompts can reuse it."""
         if not self.enable_prefix_caching:

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .checks import check_choice, check_int, is_int, require
+from .checks import check_choice, check_int, is_int, is_number, require
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -144,14 +149,18 @@ class EngineConfig:
     """Every LLMEngine setting (vLLM's names), checked before anything loads."""
 
     model: str = _opt(DEFAULT_MODEL, "a packaged model name, a local folder or a Hub id")
-    dtype: str = _opt("auto", "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16 or float16")
+    dtype: str = _opt("auto", "auto (fp32 on CPU; on a GPU bf16, or fp16 below compute capability 8.0), "
+                              "float32, bfloat16 or float16")
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N")
     max_model_len: int | None = _opt(None, "context window (default: the model's)")
     max_num_seqs: int = _opt(16, "most sequences in one batch")
     max_num_batched_tokens: int = _opt(512, "most tokens in one step (the token budget)")
     block_size: int = _opt(16, "tokens per KV block")
-    kv_cache_memory_bytes: int | None = _opt(None, "KV pool size in bytes (default: 512 MiB on CPU, 8 GiB on GPU)")
+    kv_cache_memory_bytes: int | None = _opt(None, "KV pool size in bytes (default: 512 MiB on CPU; on a GPU, "
+                                                   "what --gpu-memory-utilization leaves)")
     num_kv_blocks: int | None = _opt(None, "KV pool size in blocks (overrides --kv-cache-memory-bytes)")
+    gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory the engine may use, weights and KV pool "
+                                              "together; the pool gets what the model leaves")
     enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of a prompt prefix seen before")
     enable_chunked_prefill: bool = _opt(True, "cut a long prompt into chunks that fit the token budget")
     preemption_mode: str = _opt("recompute", "what a preempted sequence does with its cache: recompute or swap")
@@ -171,6 +180,8 @@ class EngineConfig:
         for name in ("kv_cache_memory_bytes", "num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
+        require(is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
+                "gpu_memory_utilization", self.gpu_memory_utilization, "a number in (0, 1]")
         check_choice("dtype", self.dtype, ("auto", *DTYPE_NAMES))
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device={self.device!r} is invalid: must be 'auto', 'cpu' or 'cuda[:N]'")
@@ -197,7 +208,7 @@ class EngineConfig:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
                                     help=f.metadata["help"])
             else:
-                kind = int if "int" in str(f.type) else str
+                kind = float if str(f.type) == "float" else int if "int" in str(f.type) else str
                 parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
 
     @classmethod
@@ -218,9 +229,67 @@ def resolve_device(device: str):
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device):
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The torch dtype for the `dtype` setting on `device`. "auto" is fp32 on a
+    CPU (exact, and fast on every CPU). On a GPU it is bf16 where the GPU has bf16
+    units (compute capability 8.0, Ampere, or above), else fp16: a T4, the free
+    Colab GPU, is 7.5. As in vLLM, bf16 is refused on such a GPU."""
     import torch
 
-    if dtype == "auto":  # fp32 on CPU (exact, widely fast), bf16 on GPU
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type != "cuda":
+        return torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    capability = torch.cuda.get_device_capability(device)
+    has_bf16 = tuple(capability) >= (8, 0)
+    if dtype == "auto":
+        return torch.bfloat16 if has_bf16 else torch.float16
+    if dtype == "bfloat16" and not has_bf16:
+        raise ValueError(f"dtype='bfloat16' is invalid on {device}: its compute capability is "
+                         f"{capability[0]}.{capability[1]}, and bf16 needs 8.0 or above; use dtype='float16'")
     return getattr(torch, dtype)
+
+
+# The KV pool on a CPU when no size is given: plenty for the course's workloads,
+# small enough for a laptop.
+CPU_KV_CACHE_BYTES = 512 * 2**20
+
+
+def kv_pool_blocks(cfg: EngineConfig, device: torch.device, kv_bytes_per_token: int,
+                   gpu_memory: Callable[[torch.device], tuple[int, int, int]] | None = None) -> int:
+    """How many KV blocks the pool holds: num_kv_blocks if set, else
+    kv_cache_memory_bytes in blocks. Without either, a CPU gets 512 MiB, and a
+    GPU, once the model is loaded, gets what gpu_memory_utilization leaves:
+    total x utilization - what this process already uses (vLLM's rule). The
+    other 1 - utilization is for activations, the CUDA context and other
+    processes. `gpu_memory(device)` returns (free, total, used) in bytes, as
+    cuda_memory does; a test passes its own."""
+    block_bytes = kv_bytes_per_token * cfg.block_size
+    if cfg.num_kv_blocks is not None:
+        return cfg.num_kv_blocks
+    if cfg.kv_cache_memory_bytes is not None or device.type != "cuda":
+        return max(1, (cfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) // block_bytes)
+    free, total, used = (gpu_memory or cuda_memory)(device)
+    budget, util, gib = int(total * cfg.gpu_memory_utilization), cfg.gpu_memory_utilization, 2**30
+    if budget > free + used:  # the pool would not fit: vLLM refuses too, rather than fail at the first step
+        raise ValueError(f"gpu_memory_utilization={util} asks for {budget / gib:.2f} GiB of the GPU's "
+                         f"{total / gib:.2f} GiB, but this process can have at most {(free + used) / gib:.2f} GiB "
+                         f"(other processes and the CUDA context hold the rest); lower gpu_memory_utilization "
+                         f"or set kv_cache_memory_bytes")
+    blocks = (budget - used) // block_bytes
+    if blocks <= 0:
+        raise ValueError(f"gpu_memory_utilization={util} leaves no room for the KV pool: it allows "
+                         f"{budget / gib:.2f} GiB of the GPU's {total / gib:.2f} GiB, and this process already holds "
+                         f"{used / gib:.2f} GiB (the weights, and any other engine still alive in it); raise "
+                         f"gpu_memory_utilization, drop the other engine, or set kv_cache_memory_bytes")
+    return blocks
+
+
+def cuda_memory(device: torch.device) -> tuple[int, int, int]:
+    """(free, total, used) in bytes on a CUDA device. used: this process's live
+    tensors (the weights). free: what it can still get, the driver's free memory
+    and what torch's allocator keeps cached for reuse, such as the pool of an
+    engine dropped earlier in this process."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    used, cached = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    return free + cached - used, total, used

@@ -1,12 +1,14 @@
-"""Look inside the model while it reads a text: the hidden state entering each
-layer, the final hidden states, and every head's attention probabilities.
+"""Look inside the model while it reads a text: the scores and the sampling
+distribution for the next token, the hidden state entering each layer, the
+final hidden states, and every head's attention probabilities.
 
 The engine never calls this file; chapters and labs do. It only watches: hooks
 copy what passes through a module, and the attention probabilities are
 recomputed from what the hooks saw, because the engine's fused attention kernel
 (torch's scaled_dot_product_attention) never writes them down.
 
-    from tinyinfer.inspect import attention_weights, layer_inputs
+    from tinyinfer.inspect import attention_weights, next_token_logits
+    logits = next_token_logits(llm, "The capital of France is")  # [V]
     probs = attention_weights(llm, "const user = getUser();", layer=3)  # [H, T, T]
 """
 from __future__ import annotations
@@ -17,12 +19,36 @@ import torch
 
 from .forward import forward_hidden
 from .model import apply_rope
+from .sampling import SamplingParams, processed_probs
 
 
 def token_ids(llm, text) -> list[int]:
     """A text's token ids, exactly as llm.generate would see them (no BOS is added).
     A list of ids is passed through unchanged."""
     return llm.tokenizer.encode(text) if isinstance(text, str) else list(text)
+
+
+@torch.no_grad()  # not inference_mode: its tensors refuse in-place edits later, which would puzzle a learner
+def next_token_logits(llm, prompt) -> torch.Tensor:
+    """The raw scores the model gives every vocabulary entry as the token after
+    `prompt` (a string, or a list of token ids): one forward pass, no sampling.
+    Returned as a 1-D fp32 tensor on the CPU, so it can be examined anywhere."""
+    hidden = forward_hidden(llm.model, token_ids(llm, prompt))  # one prefill on a fresh cache
+    return llm.model.compute_logits(hidden[-1]).float().cpu()  # only the last position predicts the next
+
+
+def next_token_distribution(llm, prompt, params: SamplingParams, top: int = 10):
+    """The distribution the sampler would draw the next token from, returned for
+    inspection: (probs over the whole vocabulary after every processor in
+    `params`, the `top` most likely entries as (token_id, text, probability)).
+
+    As in the engine, the repetition penalty counts the prompt's tokens as seen.
+    At temperature 0 the draw is greedy, so all the probability sits on one token."""
+    ids = token_ids(llm, prompt)
+    probs = processed_probs(next_token_logits(llm, ids), params, torch.tensor(sorted(set(ids))))
+    values, order = torch.topk(probs, top)
+    pairs = [(int(i), float(v)) for v, i in zip(values, order) if v > 0]  # cut tokens are not candidates
+    return probs, [(i, llm.tokenizer.decode([i]), v) for i, v in pairs]
 
 
 def hidden_states(llm, text) -> torch.Tensor:

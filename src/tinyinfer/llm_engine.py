@@ -13,7 +13,7 @@ the stopping rules and frees what finished. LLM.generate, LLM.stream and the
 HTTP server are all loops around step(); run_until_done(engine) is the
 plainest one. Every setting lives in EngineConfig (config.py);
 scheduling="static" swaps in static_batching.py's scheduler and runner, behind
-the same four calls.
+the same four calls (SchedulerLike and RunnerLike below say what they share).
 
 The engine keeps one Request (request.py) per unfinished id; the scheduler
 runs its samples, one Sequence each.
@@ -22,83 +22,92 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .block_manager import BlockManager
 from .checks import check_context_window, check_prompt_ids
-from .config import EngineConfig, resolve_device, resolve_dtype
-from .model_runner import ModelRunner
+from .config import EngineConfig, ModelConfig, kv_pool_blocks, resolve_device, resolve_dtype
+from .model_runner import ModelOutput, ModelRunner
 from .outputs import RequestOutput
 from .prepare import prepare_model
 from .request import Request
-from .sampling import Sampler, SamplingParams
-from .scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from .sampler import Sampler
+from .sampling import SamplerOutput, SamplingParams
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats
 from .tokenizer import Tokenizer
 from .weights import load_model, read_config, resolve_model
 
-# Default KV pool size: plenty for the course's workloads, small enough for a laptop.
-DEFAULT_KV_CACHE_BYTES = {"cpu": 512 * 2**20, "cuda": 8 * 2**30}
+if TYPE_CHECKING:
+    from .model import LlamaForCausalLM
+    from .sequence import Sequence
+
+
+class SchedulerLike(Protocol):
+    """What the engine, and whoever reads engine.scheduler, may use of a scheduler:
+    scheduler.Scheduler (continuous batching) or static_batching.StaticScheduler
+    (chapter 7's baseline)."""
+
+    running: list[Sequence]  # the sequences in the batch that have not finished, oldest first
+
+    @property
+    def block_manager(self) -> BlockManager | None: ...  # the KV blocks; None without a paged pool (static)
+
+    def check_request(self, request: Request, where: str) -> None: ...  # refuse what could never run
+    def add(self, request: Request) -> None: ...
+    def schedule(self) -> SchedulerOutput: ...
+    def update_from_output(self, out: SchedulerOutput, sampled: SamplerOutput) -> list[Sequence]: ...
+    def finish(self, seq: Sequence) -> None: ...  # aborted: leave at once
+    def record_stats(self, st: SchedulerStats, out: SchedulerOutput | None = None) -> None: ...
+
+
+class RunnerLike(Protocol):
+    """What the engine asks of a model runner: model_runner.ModelRunner (a paged
+    cache) or static_batching.StaticModelRunner (a contiguous one)."""
+
+    model: LlamaForCausalLM  # settable: chapter 6 swaps the model on a live engine
+    eager_decode_reason: str | None  # why the last decode-only step did not run compiled
+
+    def execute_model(self, out: SchedulerOutput) -> ModelOutput: ...
 
 
 class LLMEngine:
     def __init__(self, model: str | None = None, config: EngineConfig | None = None, **engine_args):
         """LLMEngine(model, **settings), settings as in EngineConfig, or LLMEngine(config=EngineConfig(...))."""
-        if config is not None and engine_args:
-            raise ValueError(f"config: pass the settings either in config or as keyword arguments, not both "
-                             f"(got config and {', '.join(sorted(engine_args))})")
-        if config is not None and model is not None and model != config.model:
-            raise ValueError(f"model={model!r} disagrees with config.model={config.model!r}; give it once")
-        if model is not None:
-            engine_args["model"] = model
-        self.config = cfg = config or EngineConfig(**engine_args)  # checks the cheap settings before loading
+        self.config = cfg = engine_config(model, config, engine_args)  # checks the cheap settings before loading
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         folder = resolve_model(cfg.model)
         self.model_name, self.model_config = cfg.model, read_config(folder)
-        window = self.model_config.max_position_embeddings
-        if cfg.max_model_len is not None and cfg.max_model_len > window:
-            raise ValueError(f"max_model_len={cfg.max_model_len!r} is invalid: must be in [1, {window}]")
-        self.max_model_len = cfg.max_model_len or window
+        self.max_model_len = context_window(cfg, self.model_config)
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
         self.tokenizer = Tokenizer(folder)
-        eos = set(self.model_config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = sorted(eos)
+        self.eos_token_ids = self.tokenizer.eos_token_ids(self.model_config)
         model_ = prepare_model(load_model(folder, self.dtype, self.device), self.device, cfg.quantization,
                                cfg.group_size, cfg.lm_head_quantization)  # quantize, then kernel layouts: once
         self.kv_bytes_per_token = int(self.model_config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8))
-        num_blocks = cfg.num_kv_blocks or max(1, (cfg.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES[
-            self.device.type]) // (self.kv_bytes_per_token * cfg.block_size))
-        sched_config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_chunked_prefill,
-                                       cfg.preemption_mode)
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        if cfg.scheduling == "static":  # chapter 7's baseline: the same interface, a contiguous cache
-            from .static_batching import StaticModelRunner, StaticScheduler
-
-            self.scheduler = StaticScheduler(sched_config, self.kv_bytes_per_token)
-            self.model_runner = StaticModelRunner(model_, self.device, self.dtype, pad_token_id=min(eos, default=0))
-        else:
-            self.scheduler = Scheduler(sched_config, self.block_manager, self.kv_bytes_per_token)
-            self.model_runner = ModelRunner(model_, self.device, self.dtype, num_blocks, cfg.block_size,
-                                            cfg.enforce_eager, cfg.max_num_seqs)
-            self.model_runner.compile_or_warm_up_model()  # enforce_eager=False: compile now, not mid-request
+        pad_token_id = min(self.eos_token_ids, default=0)  # static batching's padding: never attended to
+        self.scheduler, self.model_runner = make_scheduler_and_runner(cfg, model_, self.device, self.dtype,
+                                                                      self.kv_bytes_per_token, pad_token_id)
         self.sampler = Sampler(self.tokenizer.decode)
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
         self._ids = itertools.count()
-        self.stats = SchedulerStats(kv_blocks_total=num_blocks, kv_blocks_free=num_blocks, block_size=cfg.block_size,
+        self.stats = SchedulerStats(block_size=cfg.block_size,
                                     kv_bytes_per_block=self.kv_bytes_per_token * cfg.block_size)
+        self.scheduler.record_stats(self.stats)  # the pool's size, all of it free
 
     model = property(lambda self: self.model_runner.model)
+    block_manager = property(lambda self: self.scheduler.block_manager)  # None with scheduling="static"
     runner = property(lambda self: self.model_runner)  # the name the labs use
     scheduling = property(lambda self: self.config.scheduling)
     max_num_seqs = property(lambda self: self.config.max_num_seqs)
 
     # --- requests -----------------------------------------------------------------
 
-    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+    def add_request(self, prompt: str | dict, params: SamplingParams | None = None, request_id: str | None = None,
                     arrival_time: float | None = None) -> str:
         """Validate and queue one request; return its id. Raises ValueError, naming
         the field, before anything changes."""
@@ -112,7 +121,7 @@ class LLMEngine:
         self.scheduler.add(request)
         return request.request_id
 
-    def abort_request(self, request_id) -> None:
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests (an id or a list of ids) and free their KV blocks. Unknown
         or already finished ids are ignored."""
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
@@ -121,14 +130,14 @@ class LLMEngine:
                 continue
             for seq in request.samples:
                 seq.abort()
-                self.scheduler.finish(seq)
-                self.model_runner.drop_swapped(seq.seq_id)  # a swapped-out sequence's host copy
+                self.scheduler.finish(seq)  # its blocks; its host copy and sampler state go with it
             self._release(request)
         self.scheduler.record_stats(self.stats)
 
     def reset_prefix_cache(self) -> int:
-        """Forget the cached prefixes of free KV blocks; returns how many blocks."""
-        return self.block_manager.reset_prefix_cache()
+        """Forget the cached prefixes of free KV blocks; returns how many blocks
+        (0 with scheduling="static", which has no prefix cache)."""
+        return 0 if self.block_manager is None else self.block_manager.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -136,8 +145,8 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
-    def make_request(self, prompt, params, request_id=None, arrival_time=None,
-                     prompt_index: int | None = None) -> Request:
+    def make_request(self, prompt: str | dict, params: SamplingParams | None, request_id: str | None = None,
+                     arrival_time: float | None = None, prompt_index: int | None = None) -> Request:
         """Check a request and build it, changing nothing in the engine.
         prompt_index: its place in LLM.generate's list, for the error messages."""
         where = "prompt" if prompt_index is None else f"prompts[{prompt_index}]"
@@ -155,7 +164,7 @@ class LLMEngine:
         self.scheduler.check_request(request, where)
         return request
 
-    def _tokenize(self, prompt, where: str) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: str | dict, where: str) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -185,13 +194,13 @@ class LLMEngine:
         self.stats.step_time_s = time.perf_counter() - t0
         return outputs
 
-    def _record_eager_decode(self, scheduler_output) -> None:
+    def _record_eager_decode(self, scheduler_output: SchedulerOutput) -> None:
         """With enforce_eager=False, a decode-only step that ran eagerly says why in the stats."""
         reason = None if scheduler_output.is_empty else self.model_runner.eager_decode_reason
         self.stats.eager_decode_reason = reason
         self.stats.num_eager_decode_steps += reason is not None
 
-    def _make_outputs(self, progressed) -> list[RequestOutput]:
+    def _make_outputs(self, progressed: list[Sequence]) -> list[RequestOutput]:
         """One output per request (its n samples together); finished requests leave."""
         outputs = []
         for rid in dict.fromkeys(seq.request_id for seq in progressed):
@@ -204,10 +213,48 @@ class LLMEngine:
     def _release(self, request: Request) -> None:
         """A request leaves the engine: nothing more is kept about it."""
         del self.requests[request.request_id]
-        self.sampler.free(request.samples)
 
 
-def run_until_done(engine: LLMEngine, on_step=None) -> dict[str, RequestOutput]:
+def engine_config(model: str | None, config: EngineConfig | None, engine_args: dict) -> EngineConfig:
+    """The one EngineConfig from LLMEngine's arguments: a config, or keyword
+    settings (and the model's name) to build one from; never both."""
+    if config is not None and engine_args:
+        raise ValueError(f"config: pass the settings either in config or as keyword arguments, not both "
+                         f"(got config and {', '.join(sorted(engine_args))})")
+    if config is not None and model is not None and model != config.model:
+        raise ValueError(f"model={model!r} disagrees with config.model={config.model!r}; give it once")
+    return config or EngineConfig(**engine_args, **({} if model is None else {"model": model}))
+
+
+def context_window(cfg: EngineConfig, model_config: ModelConfig) -> int:
+    """max_model_len, or the model's own window when unset; never past the model's."""
+    window = model_config.max_position_embeddings
+    if cfg.max_model_len is not None and cfg.max_model_len > window:
+        raise ValueError(f"max_model_len={cfg.max_model_len!r} is invalid: must be in [1, {window}]")
+    return cfg.max_model_len or window
+
+
+def make_scheduler_and_runner(cfg: EngineConfig, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype,
+                              kv_bytes_per_token: int, pad_token_id: int = 0) -> tuple[SchedulerLike, RunnerLike]:
+    """The step's scheduler and runner for cfg.scheduling. Continuous batching
+    gets a paged KV pool (kv_pool_blocks says how many blocks) and a
+    BlockManager for it; static batching, chapter 7's baseline, allocates a
+    contiguous cache for each batch instead, and has neither."""
+    sched_config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_chunked_prefill,
+                                   cfg.preemption_mode)
+    if cfg.scheduling == "static":
+        from .static_batching import StaticModelRunner, StaticScheduler
+
+        return (StaticScheduler(sched_config, kv_bytes_per_token),
+                StaticModelRunner(model, device, dtype, pad_token_id))
+    num_blocks = kv_pool_blocks(cfg, device, kv_bytes_per_token)  # after loading: on a GPU, what the model leaves
+    block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+    runner = ModelRunner(model, device, dtype, num_blocks, cfg.block_size, cfg.enforce_eager, cfg.max_num_seqs)
+    runner.compile_or_warm_up_model()  # enforce_eager=False: compile now, not mid-request
+    return Scheduler(sched_config, block_manager, kv_bytes_per_token), runner
+
+
+def run_until_done(engine: LLMEngine, on_step: Callable[[], object] | None = None) -> dict[str, RequestOutput]:
     """Step `engine` until every request in it has finished; return each one's
     final RequestOutput by request id, in the order they finished. `on_step()`,
     if given, is called after every step (e.g. to read engine.stats)."""

@@ -103,7 +103,6 @@ class ModelRunner:
         self.capture_sizes = capture_sizes(max_num_seqs)  # the decode batch sizes that run compiled
         max_blocks = -(-model.config.max_position_embeddings // block_size)
         self.decode_buffers = DecodeBuffers(self.capture_sizes[-1], max_blocks, block_size, num_blocks, device)
-        self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # seq_id -> K, V in host memory
         self.eager_decode_reason: str | None = None  # why the last decode-only step did not run compiled
 
     @property
@@ -178,9 +177,10 @@ class ModelRunner:
     def _move_blocks(self, out) -> None:
         cache = self.paged_cache
         for swap in out.swap_out:  # before anything overwrites those blocks
-            self.swapped[swap.seq_id] = cache.swap_out(swap.block_table, swap.num_tokens)
+            swap.seq.swapped_kv = cache.swap_out(swap.block_table, swap.num_tokens)
         for swap in out.swap_in:
-            cache.swap_in(swap.block_table, self.swapped.pop(swap.seq_id))
+            cache.swap_in(swap.block_table, swap.seq.swapped_kv)
+            swap.seq.swapped_kv = None
         cache.copy_blocks(out.copies)
 
     def _prompt_logits(self, out, hidden: torch.Tensor, ends: torch.Tensor) -> list[PromptLogits]:
@@ -195,10 +195,6 @@ class ModelRunner:
                 rows = hidden[first : first + stop - start]
                 found.append(PromptLogits(entry.seq, start, self.model.compute_logits(rows)))
         return found
-
-    def drop_swapped(self, seq_id: str) -> None:
-        """An aborted sequence's host copy is no longer needed."""
-        self.swapped.pop(seq_id, None)
 
     def _run_compiled(self, input_ids, meta):
         # Batch sizes and the longest context vary from step to step: marked

@@ -1,11 +1,13 @@
-"""SamplingParams and the sampler: how a row of logits becomes one token.
+"""SamplingParams and sampling: how a row of logits becomes one token.
 
 The pipeline, in vLLM's order:
   logits -> repetition penalty -> temperature -> min-p -> top-k -> top-p -> draw
 Temperature 0 means greedy: take the highest score (after the penalty).
-Every step is a small function, so a lab can swap in its own and a chapter can
-show the distribution after each step. The Sampler at the end runs them for a
-whole step's batch, for the engine and for speculative decoding alike.
+Every step is a small function on one row, so a lab can swap in its own and a
+chapter can show the distribution after each step. processed_probs_batch is
+the same pipeline for many rows at once; the engine's Sampler (sampler.py) runs
+it over a step's batch. The helpers that show a chapter the next-token
+distribution live in inspect.py.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import is_int, is_number, require
-from .outputs import Logprob, PositionLogprobs
+from .outputs import PositionLogprobs
 
 _INF = float("inf")
 
@@ -157,9 +159,23 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> int
         python -m timeit -s "import torch; from tinyinfer.sampling import draw; w = torch.rand(49152)" "draw(w)"
         python -m timeit -s "import torch; w = torch.rand(49152)" "torch.multinomial(w, 1)"
     """
+    u = torch.rand(1, dtype=torch.float64, generator=generator, device=weights.device)
+    return _invert_running_sum(weights, u)
+
+
+def draw_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> list[int]:
+    """draw() for every row of weights [M, V]: the M uniform numbers in one call,
+    then each row's running sum on its own. One row's float64 sum (384 KiB) stays
+    in cache and its memory is reused; a [M, V] sum is a new, M times larger block
+    each step (the sampler took 2-4x as long at M = 16, 2-core Intel Xeon VM, 2026-12-05)."""
+    u = torch.rand(weights.shape[0], 1, dtype=torch.float64, generator=generator, device=weights.device)
+    return [_invert_running_sum(row, u_row) for row, u_row in zip(weights, u)]
+
+
+def _invert_running_sum(weights: torch.Tensor, u: torch.Tensor) -> int:
+    """The first index whose running sum exceeds u * total, for u in [0, 1)."""
     cdf = weights.double().cumsum(-1)  # float64: the last entries of a 49,152-term sum stay exact enough
-    u = torch.rand(1, dtype=torch.float64, generator=generator, device=weights.device) * cdf[-1]
-    i = int(torch.searchsorted(cdf, u, right=True))
+    i = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
     if i == weights.numel():  # u rounded up to the total (about 1 in 2**53): the last entry with weight
         i = int(torch.nonzero(weights)[-1])
     return i
@@ -175,16 +191,46 @@ def make_generator(seed: int | None, device) -> torch.Generator | None:
     return g
 
 
-# --- the batched sampler: a step's logits in, one token per sequence out -------------
+def processed_probs(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The probabilities `sample` draws from, for one row of raw logits. At
+    temperature 0 (greedy) all of it sits on the highest processed score."""
+    processed = process_logits(logits.float(), params, seen)
+    if params.greedy:
+        probs = torch.zeros_like(processed)
+        probs[torch.argmax(processed)] = 1.0
+        return probs
+    return processed.softmax(-1)
 
 
-@dataclass
-class SamplingState:
-    """What the sampler keeps about one sequence from step to step."""
+def processed_probs_batch(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """processed_probs for M rows at once, each with its own settings and none
+    greedy: logits [M, V], penalty already applied -> probabilities [M, V].
+    The same steps as process_logits, with each setting turned into a column of
+    M values, so every row goes through the same few tensor operations. A step
+    that no row asks for is skipped, as the one-row processors skip it."""
+    def column(values):
+        return torch.tensor(values, dtype=logits.dtype, device=logits.device)[:, None]
 
-    generator: torch.Generator | None  # a seeded sequence's own random stream (None: torch's global one)
-    seen: torch.Tensor | None = None  # [V] mask of the tokens the repetition penalty counts as seen
-    num_seen: int = 0  # how many of the sequence's tokens are marked in it
+    if any(p.temperature != 1 for p in params):
+        logits = logits / column([p.temperature for p in params])
+    if any(p.min_p > 0 for p in params):  # log(0) = -inf: a row with min_p = 0 keeps every token
+        threshold = logits.amax(-1, keepdim=True) + column([p.min_p for p in params]).log()
+        logits = logits.masked_fill(logits < threshold, -_INF)
+    k = torch.tensor([p.top_k if 0 < p.top_k < logits.shape[-1] else 0 for p in params], device=logits.device)[:, None]
+    if k.any():  # one topk, as deep as the largest k; ties with a row's k-th score stay; k = 0 keeps all
+        kth = logits.topk(int(k.max()), -1).values.gather(-1, (k - 1).clamp(min=0))
+        logits = logits.masked_fill((logits < kth) & (k > 0), -_INF)
+    if any(p.top_p < 1 for p in params):  # as apply_top_p, row by row
+        ranked, order = logits.sort(-1, descending=True)
+        probs = ranked.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        # top_p = 1 is off: compare with inf, so rounding in the sum never cuts a tail token.
+        drop = mass_before >= column([p.top_p if p.top_p < 1 else _INF for p in params])
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -_INF)
+    return logits.softmax(-1)
+
+
+# --- what a step's sampling hands the scheduler (sampler.py makes it) -----------------
 
 
 @dataclass
@@ -201,165 +247,3 @@ class SamplerOutput:
     token_ids: list[int]  # one per row: row i is the i-th sequence handed to the sampler
     logprobs: list[PositionLogprobs | None]  # per row: the chosen token + top N, when asked for
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
-
-
-class Sampler:
-    """Samples every row of a step at once where the rows allow it: greedy rows
-    by one argmax over the batch, logprobs by one log_softmax. Rows with a
-    temperature draw one by one (a seeded request must draw from its own
-    generator, whatever else is in the batch), through the processors above.
-
-    It keeps each sequence's SamplingState (its generator and repetition-penalty
-    mask) from its first draw until free(); the engine frees a request's
-    sequences when the request leaves it."""
-
-    def __init__(self, decode=None):
-        self.decode = decode  # token id -> text for Logprob.decoded_token (None: no text)
-        self.states: dict[str, SamplingState] = {}  # seq_id -> its state, for live sequences that need one
-
-    def state(self, seq, device) -> SamplingState:
-        """seq's state, made on first use. Sample i of a seeded request draws from
-        seed + i (vLLM's rule), so each equals a lone request with that seed."""
-        st = self.states.get(seq.seq_id)
-        if st is None:
-            seed = seq.params.seed
-            st = self.states[seq.seq_id] = SamplingState(make_generator(None if seed is None else seed + seq.index,
-                                                                        device))
-        return st
-
-    def generator(self, seq, device) -> torch.Generator | None:
-        return self.state(seq, device).generator if seq.params.seed is not None else None
-
-    def free(self, seqs) -> None:
-        """Forget the state of sequences that are done."""
-        for seq in seqs:
-            self.states.pop(seq.seq_id, None)
-
-    @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list, prompt_logits: list | None = None) -> SamplerOutput:
-        """logits [M, V]: row i is seqs[i]'s. prompt_logits: model_runner.PromptLogits
-        records, the logits of the prompt positions a step computed."""
-        raw = logits.float()
-        processed = raw
-        for i, seq in enumerate(seqs):
-            if seq.params.repetition_penalty != 1.0:
-                if processed is raw:
-                    processed = raw.clone()
-                processed[i] = apply_repetition_penalty(raw[i], self.seen_mask(seq, raw.shape[-1], raw.device),
-                                                        seq.params.repetition_penalty)
-        tokens = [0] * len(seqs)
-        greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-        if greedy:
-            for i, t in zip(greedy, processed[greedy].argmax(-1).tolist()):
-                tokens[i] = t
-        for i, seq in enumerate(seqs):  # row order: unseeded rows share torch's stream in a fixed order
-            if not seq.params.greedy:
-                tokens[i] = sample(processed[i], seq.params, self.generator(seq, raw.device))
-        prompt = [PromptLogprobs(p.seq, p.start, self.prompt_logprobs(p.seq, p.start, p.logits))
-                  for p in prompt_logits or []]
-        return SamplerOutput(tokens, self._logprobs(raw, seqs, tokens), prompt)
-
-    @torch.inference_mode()
-    def draft_target_probs(self, logits: torch.Tensor, seq, drafts: list[int]) -> torch.Tensor:
-        """Speculative decoding: logits[j] is the target's output after seq's tokens
-        and drafts[:j]. Returns the probabilities sample() would draw from at each
-        row, with the repetition penalty counting the drafts before it as seen."""
-        penalty = seq.params.repetition_penalty != 1.0
-        mask = self.seen_mask(seq, logits.shape[-1], logits.device) if penalty else None
-        rows = []
-        for j in range(logits.shape[0]):
-            if mask is not None and j:
-                mask = mask.clone()
-                mask[drafts[j - 1]] = True
-            rows.append(processed_probs(logits[j], seq.params, mask))
-        return torch.stack(rows)
-
-    def seen_mask(self, seq, vocab_size: int, device=None) -> torch.Tensor:
-        """The tokens the repetition penalty counts as seen (prompt + output), as a
-        [V] mask kept in seq's state and extended by the tokens added since the
-        last call: O(1) per step, not O(context)."""
-        st = self.state(seq, device)
-        if st.seen is None:
-            st.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        if st.num_seen < len(seq.token_ids):
-            st.seen[torch.tensor(seq.token_ids[st.num_seen :], device=device)] = True
-            st.num_seen = len(seq.token_ids)
-        return st.seen
-
-    def _logprobs(self, raw: torch.Tensor, seqs: list, tokens: list[int]) -> list[PositionLogprobs | None]:
-        out = [None] * len(seqs)
-        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        if rows:  # from the model's own distribution, before any processor (as vLLM reports them)
-            lp = torch.log_softmax(raw[rows], -1)
-            for j, i in enumerate(rows):
-                out[i] = self.top_logprobs(lp[j], tokens[i], seqs[i].params.logprobs)
-        return out
-
-    def prompt_logprobs(self, seq, start: int, logits: torch.Tensor) -> list[PositionLogprobs]:
-        """logits[j] is position start+j's output, which scores prompt token start+j+1."""
-        lp = torch.log_softmax(logits.float(), -1)
-        k = seq.params.prompt_logprobs
-        return [self.top_logprobs(lp[j], seq.token_ids[start + j + 1], k) for j in range(lp.shape[0])]
-
-    def top_logprobs(self, lp: torch.Tensor, token: int, n: int) -> PositionLogprobs:
-        """The chosen token plus the n most likely ones, each with its rank."""
-        out = {}
-        if n:
-            values, ids = torch.topk(lp, n)
-            for rank, (v, t) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-                out[t] = Logprob(v, rank, self._text(t))
-        if token not in out:
-            rank = int((lp > lp[token]).sum()) + 1
-            out[token] = Logprob(float(lp[token]), rank, self._text(token))
-        return out
-
-    def _text(self, token: int) -> str | None:
-        return self.decode([token]) if self.decode else None
-
-
-def seen_token_ids(token_ids: list[int], params: SamplingParams, device=None) -> torch.Tensor | None:
-    """The tokens the repetition penalty counts as seen (prompt + output), as ids;
-    None when the penalty is off."""
-    if params.repetition_penalty == 1.0:
-        return None
-    return torch.tensor(sorted(set(token_ids)), device=device)
-
-
-# --- inspection helpers for chapters and labs (the engine never calls these) ---
-
-
-@torch.no_grad()  # not inference_mode: its tensors refuse in-place edits later, which would puzzle a learner
-def next_token_logits(llm, prompt) -> torch.Tensor:
-    """The raw scores the model gives every vocabulary entry as the token after
-    `prompt` (a string, or a list of token ids): one forward pass, no sampling.
-    Returned as a 1-D fp32 tensor on the CPU, so it can be examined anywhere."""
-    from .forward import forward_hidden  # here, not at the top: the sampler itself needs no model
-
-    ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    hidden = forward_hidden(llm.model, ids)  # one prefill on a fresh cache
-    return llm.model.compute_logits(hidden[-1]).float().cpu()  # only the last position predicts the next
-
-
-def next_token_distribution(llm, prompt, params: SamplingParams, top: int = 10):
-    """The distribution the sampler would draw the next token from, returned for
-    inspection: (probs over the whole vocabulary after every processor in
-    `params`, the `top` most likely entries as (token_id, text, probability)).
-
-    As in the engine, the repetition penalty counts the prompt's tokens as seen.
-    At temperature 0 the draw is greedy, so all the probability sits on one token."""
-    ids = llm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    probs = processed_probs(next_token_logits(llm, ids), params, seen_token_ids(ids, params))
-    values, order = torch.topk(probs, top)
-    pairs = [(int(i), float(v)) for v, i in zip(values, order) if v > 0]  # cut tokens are not candidates
-    return probs, [(i, llm.tokenizer.decode([i]), v) for i, v in pairs]
-
-
-def processed_probs(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
-    """The probabilities `sample` draws from, for one row of raw logits. At
-    temperature 0 (greedy) all of it sits on the highest processed score."""
-    processed = process_logits(logits.float(), params, seen)
-    if params.greedy:
-        probs = torch.zeros_like(processed)
-        probs[torch.argmax(processed)] = 1.0
-        return probs
-    return processed.softmax(-1)

@@ -40,11 +40,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .block_manager import BlockManager
 from .sampling import SamplerOutput
 from .sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from .request import Request
 
 
 @dataclass
@@ -108,7 +113,7 @@ class BlockSwap:
     """Swap preemption: a sequence's computed keys and values, copied out to host
     memory before the step's writes, or back in for a resumed sequence."""
 
-    seq_id: str
+    seq: Sequence  # the runner keeps the host copy on it (seq.swapped_kv), so it goes when the sequence goes
     block_table: list[int]
     num_tokens: int
 
@@ -148,11 +153,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out = self.num_swapped_in = 0
 
-    def add(self, request) -> None:
+    def add(self, request: Request) -> None:
         """Queue a request: its first sample, which prefills the prompt for all of them."""
         self.waiting.append(request.samples[0])
 
-    def check_request(self, request, where: str) -> None:
+    def check_request(self, request: Request, where: str) -> None:
         """Refuse, before it queues, a request that could never be scheduled: one
         the KV pool could never hold, with more samples than may run at once, or
         (without chunked prefill) a prompt longer than a step."""
@@ -223,7 +228,7 @@ class Scheduler:
             self.waiting.popleft()
             bm.allocate(seq, start + n, hits)
             if swapped:
-                out.swap_in.append(BlockSwap(seq.seq_id, list(seq.block_table), start))
+                out.swap_in.append(BlockSwap(seq, list(seq.block_table), start))
                 self.num_swapped_in += 1
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -295,7 +300,7 @@ class Scheduler:
         if seq.num_computed_tokens and (self.config.preemption_mode == "swap" or not self._fits_one_step(seq)):
             # The blocks are reused by others only from this step's writes on,
             # so the runner copies them out before running the step.
-            out.swap_out.append(BlockSwap(seq.seq_id, list(seq.block_table), seq.num_computed_tokens))
+            out.swap_out.append(BlockSwap(seq, list(seq.block_table), seq.num_computed_tokens))
             seq.status = SequenceStatus.SWAPPED
             self.num_swapped_out += 1
         else:
@@ -335,14 +340,15 @@ class Scheduler:
         st.num_preemptions, st.num_swapped_out, st.num_swapped_in = (
             self.num_preemptions, self.num_swapped_out, self.num_swapped_in)
         record_queue_stats(st, self.running, self.waiting)
-        st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
+        st.kv_blocks_total, st.kv_blocks_used = bm.num_blocks, bm.num_used_blocks
+        st.kv_blocks_free = bm.num_free_blocks
         st.kv_bytes_reserved = bm.num_used_blocks * st.kv_bytes_per_block
         # Per sequence: a prefix shared through the prefix cache (or a fork) counts
         # once for each sequence here, but its blocks only once in kv_bytes_reserved.
         st.kv_bytes_used = sum(s.num_computed_tokens for s in self.running) * self.kv_bytes_per_token
 
 
-def record_queue_stats(st: SchedulerStats, running, waiting) -> None:
+def record_queue_stats(st: SchedulerStats, running: Collection[Sequence], waiting: Collection[Sequence]) -> None:
     """Sequences and requests running and waiting (a request runs while any of
     its samples does)."""
     running_reqs = {s.request_id for s in running}

@@ -18,7 +18,10 @@ from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, PositionLogprobs, TokenIds
 
 if TYPE_CHECKING:
+    import torch
+
     from .request import Request
+    from .sampler import SamplingState
     from .sampling import SamplingParams
 
 
@@ -63,6 +66,11 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0
+        # The sampler's slot (its random stream and penalty mask), as block_table
+        # is the block manager's: it goes when the sequence goes.
+        self.sampling_state: SamplingState | None = None
+        # The runner's slot: K and V copied to host memory while swapped out (swap preemption).
+        self.swapped_kv: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # --- what the request's samples share -------------------------------------------
 

@@ -9,13 +9,15 @@ are never attended to, because a query only sees keys at positions <= its own
 (see kv_cache.causal_mask).
 
 StaticScheduler and StaticModelRunner have the same interface as Scheduler and
-ModelRunner, so LLMEngine runs the same step for both: set the two files side
-by side to see what continuous batching changes.
+ModelRunner (llm_engine.py's SchedulerLike and RunnerLike), so LLMEngine runs
+the same step for both: set the two files side by side to see what continuous
+batching changes. Static batching has no KV blocks, so no BlockManager.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,32 +28,35 @@ from .sampling import SamplerOutput
 from .scheduler import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats, record_queue_stats
 from .sequence import Sequence, SequenceStatus
 
+if TYPE_CHECKING:
+    from .model import LlamaForCausalLM
+    from .request import Request
+
 
 class StaticScheduler:
+    block_manager = None  # a contiguous cache per batch: no KV blocks to manage
+
     def __init__(self, config: SchedulerConfig, kv_bytes_per_token: int):
         self.config = config
         self.kv_bytes_per_token = kv_bytes_per_token
         self.waiting: deque[Sequence] = deque()
-        self.batch: list[Sequence] = []  # the running batch, finished members included
+        self.batch: list[Sequence] = []  # the batch, finished members included: its shape is fixed
+        self.running: list[Sequence] = []  # the batch's members that have not finished
 
-    @property
-    def running(self) -> list[Sequence]:
-        return [s for s in self.batch if not s.finished]
-
-    def add(self, request) -> None:
+    def add(self, request: Request) -> None:
         self.waiting.append(request.samples[0])
 
-    def check_request(self, request, where: str) -> None:
+    def check_request(self, request: Request, where: str) -> None:
         if request.params.n != 1:
             raise ValueError(f"SamplingParams.n={request.params.n} is invalid with scheduling='static': must be 1")
 
     def schedule(self) -> SchedulerOutput:
-        if all(s.finished for s in self.batch):  # every member ended (or was aborted)
+        if not self.running:  # every member ended (or was aborted): a new batch, everyone prefills together
             self.batch = []
-        if not self.batch:  # start a new batch: everyone prefills together
             while self.waiting and len(self.batch) < self.config.max_num_seqs:
                 self.batch.append(self.waiting.popleft())
                 self.batch[-1].status = SequenceStatus.RUNNING
+            self.running = list(self.batch)
         out = SchedulerOutput()
         for seq in self.batch:  # a finished member rides along: 0 new tokens, nobody samples
             entry = ScheduledSeq(seq, seq.num_computed_tokens, seq.num_tokens - seq.num_computed_tokens, [],
@@ -71,13 +76,16 @@ class StaticScheduler:
             if not seq.finished:  # not aborted while its step ran
                 seq.append_token(token, logprobs, now)
                 progressed.append(seq)
-        if all(s.finished for s in self.batch):
+        self.running = [s for s in self.running if not s.finished]
+        if not self.running:
             self.batch = []
         return progressed
 
     def finish(self, seq: Sequence) -> None:
         """Aborted: leave the queue, or ride along in the batch until it ends."""
-        if seq in self.waiting:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
             self.waiting.remove(seq)
 
     def record_stats(self, st: SchedulerStats, out: SchedulerOutput | None = None) -> None:
@@ -92,7 +100,7 @@ class StaticScheduler:
 
 
 class StaticModelRunner:
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0):
+    def __init__(self, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype, pad_token_id: int = 0):
         self.prepared = PreparedModel(model)
         self.device = device
         self.dtype = dtype
@@ -149,5 +157,3 @@ class StaticModelRunner:
         hidden = self.model(ids, positions, self.cache, meta)
         return self.model.compute_logits(hidden[:, -1])
 
-    def drop_swapped(self, seq_id: str) -> None:
-        pass  # static batching never preempts, so nothing is ever swapped out

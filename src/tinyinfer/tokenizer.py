@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 
 class Tokenizer:
@@ -40,6 +44,15 @@ class Tokenizer:
     @property
     def eos_token_id(self) -> int | None:
         return self._plain.token_to_id(self.eos_token) if self.eos_token else None
+
+    def eos_token_ids(self, model_config: ModelConfig) -> list[int]:
+        """Every id that ends a reply, sorted: those the model's config lists
+        (there may be several) and the tokenizer's eos_token, which is not
+        always among them."""
+        eos = set(model_config.eos_token_ids)
+        if self.eos_token_id is not None:
+            eos.add(self.eos_token_id)
+        return sorted(eos)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids for `text`; special-token strings inside it stay ordinary text.

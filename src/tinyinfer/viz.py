@@ -1,7 +1,7 @@
 """Pictures for chapters and labs: next-token distributions as bar charts, and
 an interactive view with sliders for the sampling settings.
 
-Both start from one row of raw logits (see tinyinfer.sampling.next_token_logits)
+Both start from one row of raw logits (see tinyinfer.inspect.next_token_logits)
 and pass it through the engine's own processors, so what they show is exactly
 the distribution the sampler would draw from. matplotlib and ipywidgets are
 imported inside the functions: the engine itself never needs them.

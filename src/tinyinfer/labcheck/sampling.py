@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import sampling as engine
+from ..sampler import Sampler
 from .core import Case, run_check
 from .registry import Lab
 
@@ -456,7 +457,8 @@ def check_sample(fn) -> bool:
     with a chi-square test on 20,000 seeded draws per case. Kept as "sample"
     on a pass (later labs' generation loops use it)."""
     return run_check("sample", lambda probe: probe(fn), _sample_cases, same=_same_sample,
-                     forbidden=(reference_sample,) + _engine("sample", "Sampler", "draw"), keep=("sample", fn))
+                     forbidden=(reference_sample, Sampler) + _engine("sample", "draw", "draw_rows"),
+                     keep=("sample", fn))
 
 
 LAB = Lab(3, "sampling",

@@ -16,7 +16,8 @@ def sampling_stages(llm, prompt: str, temperature: float = 0.8, top_k: int = 50,
     engine calls it)."""
     import torch
 
-    from ..sampling import SamplingParams, apply_top_k, apply_top_p, make_generator, next_token_logits, sample
+    from ..inspect import next_token_logits
+    from ..sampling import SamplingParams, apply_top_k, apply_top_p, make_generator, sample
 
     logits = next_token_logits(llm, prompt).float()
     top = torch.topk(logits, shown).indices

@@ -23,8 +23,10 @@ from ..checks import check_choice, check_context_window, check_prompt_ids, is_in
 from ..forward import forward_tokens, new_cache
 from ..kv_cache import KVCache
 from ..request import Request
-from ..sampling import Sampler, SamplingParams
+from ..sampler import Sampler
+from ..sampling import SamplingParams, processed_probs
 from ..sequence import Sequence
+from ..tokenizer import Tokenizer
 from .drafts import LayerDraft, NgramDraft
 from .verify import accept_draft_tokens
 
@@ -100,11 +102,7 @@ class SpeculativeDecoder:
         device = self.model.lm_head.weight.device
         request = Request(str(next(self._ids)), None, prompt, params, self.eos_token_ids,
                           self.tokenizer.decode if self.tokenizer is not None else None)
-        seq = request.samples[0]
-        try:
-            return self._generate(seq, device)
-        finally:
-            self.sampler.free([seq])  # its generator and penalty mask
+        return self._generate(request.samples[0], device)  # the sequence, and its sampler state, end here
 
     def _generate(self, seq: Sequence, device):
         params, prompt = seq.params, seq.prompt_token_ids
@@ -132,7 +130,7 @@ class SpeculativeDecoder:
     def _step(self, seq: Sequence, cache: KVCache, stats: SpecDecodeStats) -> None:
         """Draft, verify in one target pass, accept a prefix, append."""
         params, context = seq.params, seq.token_ids
-        generator = self.sampler.generator(seq, self.model.lm_head.weight.device)  # the sampler keeps it
+        generator = self.sampler.state(seq, self.model.lm_head.weight.device).generator  # seeded: its own stream
         # A step yields up to k+1 tokens; never draft beyond what max_tokens allows.
         k = min(self.num_speculative_tokens, params.max_tokens - seq.num_output_tokens - 1)
         drafts, draft_probs = [], None
@@ -144,7 +142,7 @@ class SpeculativeDecoder:
         # and one more, all in ONE pass.
         logits = forward_tokens(self.model, [context[-1]] + drafts, len(context) - 1, cache)
         stats.num_target_forward_passes += 1
-        target_probs = self.sampler.draft_target_probs(logits, seq, drafts)
+        target_probs = draft_target_probs(logits, seq, drafts)
         tokens, num_accepted = accept_draft_tokens(target_probs, draft_probs, drafts, generator)
         stats.num_proposed += len(drafts)
         stats.num_accepted += num_accepted
@@ -180,6 +178,23 @@ class SpeculativeDecoder:
         return ids
 
 
+def draft_target_probs(logits: torch.Tensor, seq: Sequence, drafts: list[int]) -> torch.Tensor:
+    """logits[j] is the target's output after seq's tokens and drafts[:j].
+    Returns the probabilities the sampler would draw from at each row, with the
+    repetition penalty counting the drafts before that row as seen."""
+    params, seen = seq.params, None
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        seen[torch.tensor(seq.token_ids, device=logits.device)] = True
+    rows = []
+    for j in range(logits.shape[0]):
+        if seen is not None and j:
+            seen = seen.clone()
+            seen[drafts[j - 1]] = True
+        rows.append(processed_probs(logits[j], params, seen))
+    return torch.stack(rows)
+
+
 def _unwrap(obj):
     """(model, tokenizer or None, eos ids, max_model_len) from an LLM or a bare model."""
     if hasattr(obj, "lm_head") and hasattr(obj, "config"):  # a LlamaForCausalLM
@@ -189,8 +204,7 @@ def _unwrap(obj):
     if model is None or not hasattr(model, "lm_head"):
         raise ValueError(f"llm_or_model: expected an LLM or a LlamaForCausalLM, got {type(obj).__name__}")
     tokenizer = getattr(obj, "tokenizer", None)
-    eos = set(model.config.eos_token_ids) | set(getattr(obj, "eos_token_ids", None) or [])
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(tokenizer.eos_token_id)
+    eos = set(tokenizer.eos_token_ids(model.config) if isinstance(tokenizer, Tokenizer) else model.config.eos_token_ids)
+    eos |= set(getattr(obj, "eos_token_ids", None) or [])  # an LLM's own list, if it has one
     max_len = getattr(obj, "max_model_len", None) or model.config.max_position_embeddings
     return model, tokenizer, sorted(eos), max_len

@@ -14,7 +14,7 @@ import torch
 
 from ..forward import forward_tokens, new_cache
 from ..kv_cache import KVCache
-from ..sampling import SamplingParams, draw, processed_probs, seen_token_ids
+from ..sampling import SamplingParams, draw, processed_probs
 
 
 class NgramDraft:
@@ -77,7 +77,9 @@ class LayerDraft:
             logits = forward_tokens(self.model, feed, valid, self.cache, self.num_layers)[-1]
             self.num_forward_passes += 1
             self.cached = self.cached[:valid] + feed
-            q = processed_probs(logits, params, seen_token_ids(context + tokens, params, logits.device))
+            seen = (torch.tensor(sorted(set(context + tokens)), device=logits.device)  # the penalty's tokens
+                    if params.repetition_penalty != 1.0 else None)
+            q = processed_probs(logits, params, seen)
             token = int(torch.argmax(q)) if params.greedy else draw(q, generator)
             tokens.append(token)
             probs.append(q)
