@@ -141,12 +141,15 @@ def test_padded_rows_touch_only_the_reserved_block():
     assert input_ids.tolist() == [[11, 12, 13, 0]]
     assert meta.positions.tolist() == [[5, 1, 8, 0]]
     assert meta.slot_mapping.tolist() == [5 * 4 + 1, 7 * 4 + 1, 2 * 4 + 0, 9 * 4]  # the pad row writes to block 9
-    assert meta.block_tables.tolist() == [[3, 5, 9], [7, 9, 9], [0, 1, 2], [9, 9, 9]]
-    assert meta.context_lens.tolist() == [6, 2, 9, 1] and meta.key_positions.tolist() == list(range(9))
+    tables = [[3, 5, 9], [7, 9, 9], [0, 1, 2], [9, 9, 9]]  # padded with the reserved block
+    assert meta.key_slots.tolist() == [[tables[b][p // 4] * 4 + p % 4 for p in range(9)] for b in range(4)]
+    seen = [[p < c for p in range(9)] for c in (6, 2, 9, 1)]  # each row sees its own context; the pad row, one key
+    assert meta.mask.shape == (4, 1, 1, 9) and meta.mask[:, 0, 0].tolist() == seen
     assert meta.slot_mapping.data_ptr() == buffers.slot_mapping.data_ptr()  # views: the addresses never move
+    assert meta.key_slots.data_ptr() == buffers.key_slots.data_ptr()
     _, meta = buffers.fill([1], [3], [[4]], size=1)
-    assert meta.block_tables.tolist() == [[4, 9]]  # never 1 block wide (a size of 1 is traced as a constant)
-    assert torch.equal(meta.key_positions, torch.arange(3))
+    assert meta.key_slots.tolist() == [[16, 17, 18]] and meta.mask is None  # batch 1 sees all it reads
+    assert torch.equal(meta.positions, torch.tensor([[2]]))
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .paged_kv_cache import DecodeMetadata
+from .paged_kv_cache import DecodeMetadata, slot_ids
 
 # Past 8, sizes go up by 8, as vLLM's do: a batch of 17 pads to 24, not to 32,
 # so no step computes more than 7 rows of padding.
@@ -51,7 +51,9 @@ class DecodeBuffers:
         self.slot_mapping = torch.zeros(max_size, dtype=torch.long, device=device)
         self.context_lens = torch.zeros(max_size, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(max_size, max_blocks_per_seq, dtype=torch.long, device=device)
-        self.key_positions = torch.arange(max_len, device=device)  # never changes: step S reads its first S
+        self.key_positions = torch.arange(max_len, device=device)  # never changes: a step reads its first S
+        self.key_slots = torch.zeros(max_size * max_len, dtype=torch.long, device=device)
+        self.mask = torch.zeros(max_size, max_len, dtype=torch.bool, device=device)
 
     def fill(self, token_ids: list[int], context_lens: list[int], block_tables: list[list[int]],
              size: int) -> tuple[torch.Tensor, DecodeMetadata]:
@@ -59,10 +61,8 @@ class DecodeBuffers:
         position context_lens[b] - 1; rows past the batch, up to `size`, are padding.
         Returns the step's input ids [1, size] and its metadata, views of the buffers."""
         n, bs = len(token_ids), self.block_size
-        longest = max(context_lens)
-        # Blocks that hold the longest context, and at least 2: PyTorch traces
-        # a size of 1 as a constant, so a step with one block would need a graph of its own.
-        width = max(2, -(-longest // bs))
+        longest = max(context_lens)  # S: every row reads this many positions
+        width = -(-longest // bs)  # the blocks that hold them
         pad = size - n
         positions = [c - 1 for c in context_lens] + [0] * pad
         tables = [(table + [self.pad_block] * width)[:width] for table in block_tables] + [[self.pad_block] * width] * pad
@@ -73,6 +73,15 @@ class DecodeBuffers:
         self.slot_mapping[:size].copy_(torch.tensor(slots))
         self.context_lens[:size].copy_(torch.tensor(list(context_lens) + [1] * pad))
         self.block_tables[:size, :width].copy_(torch.tensor(tables))
-        meta = DecodeMetadata(self.positions[:, :size], self.slot_mapping[:size], self.block_tables[:size, :width],
-                              self.context_lens[:size], self.key_positions[:longest])
+        # Where each row's keys lie, and which of them it may see: worked out
+        # once per step here, not once per layer inside the step (30 times).
+        key_positions = self.key_positions[:longest]
+        key_slots = self.key_slots[: size * longest].view(size, longest)
+        key_slots.copy_(slot_ids(self.block_tables[:size, :width], key_positions, bs))
+        mask = None
+        if size > 1:  # batch 1 reads exactly its own context: nothing to hide
+            mask = self.mask[:size, :longest]
+            torch.lt(key_positions[None, :], self.context_lens[:size, None], out=mask)
+            mask = mask.view(size, 1, 1, longest)
+        meta = DecodeMetadata(self.positions[:, :size], self.slot_mapping[:size], key_slots, mask)
         return self.input_ids[:, :size], meta

@@ -197,16 +197,6 @@ class ModelRunner:
         return found
 
     def _run_compiled(self, input_ids, meta):
-        # Batch sizes and the longest context vary from step to step: marked
-        # dynamic, so that one trace serves them all. (Batch 1 stays a trace of
-        # its own: PyTorch specialises sizes of 1.)
-        if input_ids.shape[1] > 1:
-            for t in (input_ids, meta.positions):
-                torch._dynamo.maybe_mark_dynamic(t, 1)
-            for t in (meta.slot_mapping, meta.block_tables, meta.context_lens):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-        torch._dynamo.maybe_mark_dynamic(meta.block_tables, 1)
-        torch._dynamo.maybe_mark_dynamic(meta.key_positions, 0)
         try:
             return self.compiled_model()(self.model, input_ids, meta.positions, self.paged_cache, meta)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # e.g. no C++ compiler: say so, carry on eagerly
@@ -231,7 +221,12 @@ class ModelRunner:
         they stay eager. vLLM's FULL_DECODE_ONLY CUDA-graph mode draws the same
         line: whole-step graphs for decode-only batches only."""
         if self._compiled_model is None:
-            self._compiled_model = torch.compile(decode_forward, options={"guard_filter_fn": decode_step_guards})
+            # dynamic=True: one graph for every batch size and context length
+            # (batch 1 apart: PyTorch specialises sizes of 1). A graph traced at
+            # each fixed size was a third slower at batch 32 on a 2-core Xeon
+            # (the oneDNN products inside took longer), for no gain on a CPU.
+            self._compiled_model = torch.compile(decode_forward, dynamic=True,
+                                                 options={"guard_filter_fn": decode_step_guards})
         return self._compiled_model
 
     @torch.inference_mode()
@@ -247,9 +242,9 @@ class ModelRunner:
             return
         print(f"tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
               f"(batch sizes {', '.join(map(str, self.capture_sizes))}), a minute or more on a CPU", file=sys.stderr)
-        # Contexts of 37 tokens: unlike every batch size and block count, so that
-        # PyTorch, which assumes that sizes equal when it traces stay equal,
-        # keeps the longest context, its blocks and the batch size apart.
+        # Contexts of 37 tokens: unlike every batch size, so that PyTorch, which
+        # assumes that sizes equal when it traces stay equal, keeps the longest
+        # context and the batch size apart.
         pad, context = self.decode_buffers.pad_block, 37
         table = [pad] * -(-context // self.paged_cache.block_size)
         for size in self.capture_sizes:

@@ -116,7 +116,8 @@ class DecodeMetadata:
 
     Every row adds one token, so attention needs no groups: each row's keys are
     read through its block table up to the longest context in the step, S, and
-    a mask hides what lies past a row's own context. The tensors are views of
+    a mask hides what lies past a row's own context. Both are worked out once
+    per step, before the layers (decode_batch.py). The tensors are views of
     buffers the runner allocated once and fills in place (decode_batch.py): the
     shapes come from a short list and the addresses never move, which is what
     a compiled step, and later a CUDA graph, wants. Rows past the real batch
@@ -125,9 +126,8 @@ class DecodeMetadata:
 
     positions: torch.Tensor  # [1, P] position of each row's new token
     slot_mapping: torch.Tensor  # [P] pool slot each row's new K/V is written to
-    block_tables: torch.Tensor  # [P, W] each row's blocks, enough of them for S positions
-    context_lens: torch.Tensor  # [P] keys each row may see, its new token included
-    key_positions: torch.Tensor  # [S] 0, 1, ..., S-1: the positions read, the same for every row
+    key_slots: torch.Tensor  # [P, S] pool slot of each row's positions 0..S-1, through its block table
+    mask: torch.Tensor | None  # [P, 1, 1, S] position < the row's context; None for batch 1, which sees all S
 
 
 class PagedKVCache:
@@ -222,15 +222,11 @@ class PagedKVCache:
         gather of a short context beside a long one; a compiled step wants one
         shape instead, and pays for reading every row up to the longest.)"""
         P, H, D = q.shape[1], q.shape[2], q.shape[3]
-        Hkv, S, bs = k.shape[2], meta.key_positions.shape[0], self.block_size
+        Hkv, S = k.shape[2], meta.key_slots.shape[1]
         k_pool.index_copy_(0, meta.slot_mapping, k[0])
         v_pool.index_copy_(0, meta.slot_mapping, v[0])
-        key_slots = slot_ids(meta.block_tables, meta.key_positions, bs).flatten()  # [P * S]
+        key_slots = meta.key_slots.flatten()
         keys = k_pool.index_select(0, key_slots).view(P, S, Hkv, D).transpose(1, 2)  # [P, Hkv, S, D]
         values = v_pool.index_select(0, key_slots).view(P, S, Hkv, D).transpose(1, 2)
-        # Batch 1 sees every key it reads (S is its context); a batch masks each
-        # row past its own context. The mask is made here, from the buffers, so
-        # that a compiled step needs nothing built on the host.
-        mask = None if P == 1 else (meta.key_positions[None, :] < meta.context_lens[:, None]).view(P, 1, 1, S)
-        o = F.scaled_dot_product_attention(q[0].view(P, Hkv, H // Hkv, D), keys, values, attn_mask=mask)
+        o = F.scaled_dot_product_attention(q[0].view(P, Hkv, H // Hkv, D), keys, values, attn_mask=meta.mask)
         return o.reshape(P, H * D)[None]
