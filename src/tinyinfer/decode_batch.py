@@ -44,7 +44,6 @@ class DecodeBuffers:
 
     def __init__(self, max_size: int, max_blocks_per_seq: int, block_size: int, pad_block: int, device):
         self.block_size, self.pad_block = block_size, pad_block
-        self.pad_slot = pad_block * block_size  # where padded rows write: the pad block's first slot
         max_len = max_blocks_per_seq * block_size
         self.input_ids = torch.zeros(1, max_size, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, max_size, dtype=torch.long, device=device)
@@ -60,17 +59,15 @@ class DecodeBuffers:
         """Write one decode step into the buffers: row b adds token_ids[b] at
         position context_lens[b] - 1; rows past the batch, up to `size`, are padding.
         Returns the step's input ids [1, size] and its metadata, views of the buffers."""
-        n, bs = len(token_ids), self.block_size
+        bs = self.block_size
         longest = max(context_lens)  # S: every row reads this many positions
         width = -(-longest // bs)  # the blocks that hold them
-        pad = size - n
+        pad = size - len(token_ids)
         positions = [c - 1 for c in context_lens] + [0] * pad
         tables = [(table + [self.pad_block] * width)[:width] for table in block_tables] + [[self.pad_block] * width] * pad
-        slots = [tables[b][p // bs] * bs + p % bs for b, p in enumerate(positions[:n])] + [self.pad_slot] * pad
         # One host-to-device copy per buffer, of the step's rows only.
         self.input_ids[0, :size].copy_(torch.tensor(list(token_ids) + [0] * pad))
         self.positions[0, :size].copy_(torch.tensor(positions))
-        self.slot_mapping[:size].copy_(torch.tensor(slots))
         self.context_lens[:size].copy_(torch.tensor(list(context_lens) + [1] * pad))
         self.block_tables[:size, :width].copy_(torch.tensor(tables))
         # Where each row's keys lie, and which of them it may see: worked out
@@ -78,6 +75,8 @@ class DecodeBuffers:
         key_positions = self.key_positions[:longest]
         key_slots = self.key_slots[: size * longest].view(size, longest)
         key_slots.copy_(slot_ids(self.block_tables[:size, :width], key_positions, bs))
+        # The new token's slot is the key slot at its own position (a pad row's: the pad block's first).
+        torch.gather(key_slots, 1, self.positions[0, :size, None], out=self.slot_mapping[:size, None])
         mask = None
         if size > 1:  # batch 1 reads exactly its own context: nothing to hide
             mask = self.mask[:size, :longest]

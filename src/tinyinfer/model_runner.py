@@ -94,7 +94,6 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
-        self.max_num_seqs = max_num_seqs  # the largest decode batch
         self.prepared = PreparedModel(model)  # the model and its kernel modules, listed once
         self._compiled_model = None  # made by compile_or_warm_up_model when enforce_eager is False
         # One block more than the BlockManager hands out: padded rows of a
