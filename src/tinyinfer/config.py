@@ -171,8 +171,9 @@ class EngineConfig:
     lm_head_quantization: str | None = _opt(None, "the LM head in int8, a copy beside the tied embedding (as GGUF "
                                                   "files keep it, in Q8_0): one sequence's decode step reads it in "
                                                   "1 byte per weight (default: the model's dtype)")
-    enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile: faster "
-                                     "steps, after a minute or two of compiling when the engine starts")
+    enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile (on a CUDA "
+                                     "GPU: records them as CUDA graphs): faster steps, after a minute or two of "
+                                     "compiling when the engine starts (seconds of recording on a GPU)")
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

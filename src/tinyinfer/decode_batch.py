@@ -40,47 +40,86 @@ def padded_size(num_seqs: int, sizes: list[int]) -> int | None:
 class DecodeBuffers:
     """The inputs of a fixed-size decode step, allocated once at the largest
     size and filled in place at every step. Each step runs on views of their
-    first rows, so a step of any size reads the same addresses."""
+    first rows, so a step of any size reads the same addresses.
+
+    What the host decides (token ids, positions, context lengths, block
+    tables) lives in one flat tensor, `inputs`, so that a step's metadata
+    reaches a GPU in one copy: the host writes it into a page-locked twin,
+    `staging`, and one non-blocking copy moves it (a copy from page-locked
+    memory needs no extra host copy, and does not make the CPU wait). On a CPU
+    the two are one tensor, and nothing is copied. What follows from those
+    (each row's key slots, its new slot, its mask) is worked out on the
+    device, by metadata(), which a CUDA graph can record (cuda_graphs.py)."""
 
     def __init__(self, max_size: int, max_blocks_per_seq: int, block_size: int, pad_block: int, device):
+        device = torch.device(device)
         self.block_size, self.pad_block = block_size, pad_block
+        self.max_size, self.max_blocks = max_size, max_blocks_per_seq
         max_len = max_blocks_per_seq * block_size
-        self.input_ids = torch.zeros(1, max_size, dtype=torch.long, device=device)
-        self.positions = torch.zeros(1, max_size, dtype=torch.long, device=device)
-        self.slot_mapping = torch.zeros(max_size, dtype=torch.long, device=device)
-        self.context_lens = torch.zeros(max_size, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(max_size, max_blocks_per_seq, dtype=torch.long, device=device)
+        n = max_size * (3 + max_blocks_per_seq)  # ids, positions, context lengths, then the block tables
+        self.inputs = torch.zeros(n, dtype=torch.long, device=device)
+        on_gpu = device.type == "cuda"
+        self.staging = torch.zeros(n, dtype=torch.long, pin_memory=True) if on_gpu else self.inputs
+        self._copied = torch.cuda.Event() if on_gpu else None  # when the last copy has read the staging
+        self.input_ids, self.positions, self.context_lens, self.block_tables = self._views(self.inputs)
+        self._host = self._views(self.staging)
         self.key_positions = torch.arange(max_len, device=device)  # never changes: a step reads its first S
+        self.slot_mapping = torch.zeros(max_size, dtype=torch.long, device=device)
         self.key_slots = torch.zeros(max_size * max_len, dtype=torch.long, device=device)
         self.mask = torch.zeros(max_size, max_len, dtype=torch.bool, device=device)
+
+    def _views(self, flat: torch.Tensor):
+        m = self.max_size
+        return (flat[:m].view(1, m), flat[m : 2 * m].view(1, m), flat[2 * m : 3 * m],
+                flat[3 * m :].view(m, self.max_blocks))
 
     def fill(self, token_ids: list[int], context_lens: list[int], block_tables: list[list[int]],
              size: int) -> tuple[torch.Tensor, DecodeMetadata]:
         """Write one decode step into the buffers: row b adds token_ids[b] at
         position context_lens[b] - 1; rows past the batch, up to `size`, are padding.
-        Returns the step's input ids [1, size] and its metadata, views of the buffers."""
-        bs = self.block_size
-        longest = max(context_lens)  # S: every row reads this many positions
-        width = -(-longest // bs)  # the blocks that hold them
+        Returns the step's input ids [1, size] and its metadata, views of the buffers.
+        Every row reads as many keys as the longest context (S)."""
+        longest = max(context_lens)
+        self.write(token_ids, context_lens, block_tables, size, longest)
+        return self.metadata(size, longest, masked=size > 1)  # batch 1 reads exactly its own context
+
+    def write(self, token_ids: list[int], context_lens: list[int], block_tables: list[list[int]],
+              size: int, num_keys: int) -> None:
+        """The host's part of a step: its rows, padded to `size`, with block
+        tables wide enough for num_keys positions, copied to the device at once."""
+        width = -(-num_keys // self.block_size)  # the blocks that hold S positions
         pad = size - len(token_ids)
         positions = [c - 1 for c in context_lens] + [0] * pad
         tables = [(table + [self.pad_block] * width)[:width] for table in block_tables] + [[self.pad_block] * width] * pad
-        # One host-to-device copy per buffer, of the step's rows only.
-        self.input_ids[0, :size].copy_(torch.tensor(list(token_ids) + [0] * pad))
-        self.positions[0, :size].copy_(torch.tensor(positions))
-        self.context_lens[:size].copy_(torch.tensor(list(context_lens) + [1] * pad))
-        self.block_tables[:size, :width].copy_(torch.tensor(tables))
-        # Where each row's keys lie, and which of them it may see: worked out
-        # once per step here, not once per layer inside the step (30 times).
-        key_positions = self.key_positions[:longest]
-        key_slots = self.key_slots[: size * longest].view(size, longest)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy must have read the staging before it changes
+        ids, pos, lens, host_tables = self._host
+        ids[0, :size].copy_(torch.tensor(list(token_ids) + [0] * pad))
+        pos[0, :size].copy_(torch.tensor(positions))
+        lens[:size].copy_(torch.tensor(list(context_lens) + [1] * pad))
+        host_tables[:size, :width].copy_(torch.tensor(tables))
+        if self.staging is not self.inputs:
+            end = 3 * self.max_size + size * self.max_blocks  # everything the step reads, in one copy
+            self.inputs[:end].copy_(self.staging[:end], non_blocking=True)
+            self._copied.record()
+
+    def metadata(self, size: int, num_keys: int, masked: bool = True) -> tuple[torch.Tensor, DecodeMetadata]:
+        """The device's part of a step of `size` rows that read num_keys key
+        positions each (S): where each row's keys lie, its new token's slot, and
+        which keys it may see. Worked out once per step here, not once per layer
+        inside the step (30 times); only device operations, in place, so that a
+        CUDA graph can record them with the model. masked=False: no mask (a
+        batch of 1 whose S is its own context sees every key)."""
+        bs, width = self.block_size, -(-num_keys // self.block_size)
+        key_positions = self.key_positions[:num_keys]
+        key_slots = self.key_slots[: size * num_keys].view(size, num_keys)
         key_slots.copy_(slot_ids(self.block_tables[:size, :width], key_positions, bs))
         # The new token's slot is the key slot at its own position (a pad row's: the pad block's first).
         torch.gather(key_slots, 1, self.positions[0, :size, None], out=self.slot_mapping[:size, None])
         mask = None
-        if size > 1:  # batch 1 reads exactly its own context: nothing to hide
-            mask = self.mask[:size, :longest]
+        if masked:
+            mask = self.mask[:size, :num_keys]
             torch.lt(key_positions[None, :], self.context_lens[:size, None], out=mask)
-            mask = mask.view(size, 1, 1, longest)
+            mask = mask.view(size, 1, 1, num_keys)
         meta = DecodeMetadata(self.positions[:, :size], self.slot_mapping[:size], key_slots, mask)
         return self.input_ids[:, :size], meta

@@ -8,11 +8,13 @@ packed into one flat row (see paged_kv_cache.py), so nobody pays for anybody
 else's padding. Static batching, chapter 7's baseline, has its own runner in
 static_batching.py.
 
-enforce_eager=False (vLLM's switch) runs decode steps through a torch.compile'd
-model: the many small operators of a step are fused into a few generated
-kernels. Chapter 4 shows why those per-operator costs matter. Such a step has
-one of a few fixed batch sizes, padded up to, and its inputs live in buffers
-filled in place (decode_batch.py).
+enforce_eager=False (vLLM's switch) makes decode steps cheaper to launch. On a
+CPU they run through a torch.compile'd model: the many small operators of a
+step are fused into a few generated kernels. Chapter 4 shows why those
+per-operator costs matter. On a CUDA GPU each decode step is recorded once as a
+CUDA graph and replayed (cuda_graphs.py), as vLLM does. Either way such a step
+has one of a few fixed batch sizes, padded up to, and its inputs live in
+buffers filled in place (decode_batch.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import cuda_graphs
 from .decode_batch import DecodeBuffers, capture_sizes, padded_size
 from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
 from .prepare import PreparedModel, generation
@@ -90,7 +93,7 @@ def _check_same_cache_shape(old, new) -> None:
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 enforce_eager: bool = True, max_num_seqs: int = 16):
+                 enforce_eager: bool = True, max_num_seqs: int = 16, graph_backend=None):
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
@@ -103,6 +106,14 @@ class ModelRunner:
         max_blocks = -(-model.config.max_position_embeddings // block_size)
         self.decode_buffers = DecodeBuffers(self.capture_sizes[-1], max_blocks, block_size, num_blocks, device)
         self.eager_decode_reason: str | None = None  # why the last decode-only step did not run compiled
+        # CUDA graphs where the device has them (cuda_graphs.default_graph_backend), or a
+        # backend given here (a test's CPU stand-in); None: compiled decode steps instead.
+        backend = None if enforce_eager else graph_backend or cuda_graphs.default_graph_backend(torch.device(device))
+        self.cuda_graphs = None if backend is None else cuda_graphs.CUDAGraphRunner(
+            backend, self.decode_buffers, self.capture_sizes,
+            # A step's context cannot outgrow the window, nor the pool's blocks.
+            cuda_graphs.key_lengths(min(max_blocks, num_blocks) * block_size, block_size),
+            model.config.hidden_size, dtype, torch.device(device))
 
     @property
     def model(self):
@@ -111,9 +122,9 @@ class ModelRunner:
     @model.setter
     def model(self, model) -> None:
         """Swap the model (chapter 6 does, to time several on one engine). The
-        compiled decode steps wrap the old model and would go on running it: they
-        are dropped and compiled again for the new one, now (free when torch has
-        graphs for a model of the same shapes already). The KV cache stays, so
+        compiled decode steps (and CUDA graphs) wrap the old model and would go on
+        running it: they are dropped and compiled (or recorded) again for the new
+        one, now (free when torch has graphs for a model of the same shapes already). The KV cache stays, so
         the new model must have the old one's cache shape. (A pass run on the
         same model, quantize_model say, needs no swap: cpu_linear's rule 5.)"""
         _check_same_cache_shape(self.model.config, model.config)
@@ -161,16 +172,23 @@ class ModelRunner:
             self.eager_decode_reason = None  # eager by choice, or a prompt step: nothing to explain
             return None
         size = padded_size(len(out.scheduled), self.capture_sizes)
+        kind = "compiled" if self.cuda_graphs is None else "recorded (CUDA graph)"
         self.eager_decode_reason = None if size is not None else (
-            f"a batch of {len(out.scheduled)} sequences is larger than the largest compiled size, "
+            f"a batch of {len(out.scheduled)} sequences is larger than the largest {kind} size, "
             f"{self.capture_sizes[-1]}")
         return size
 
     def _run_decode(self, out, size: int) -> torch.Tensor:
-        """A decode-only step through the compiled model, padded to `size` rows."""
+        """A decode-only step, padded to `size` rows: replayed from a CUDA graph,
+        or through the compiled model."""
         token_ids = [entry.seq.token_ids[entry.start] for entry in out.scheduled]
-        input_ids, meta = self.decode_buffers.fill(token_ids, [entry.start + 1 for entry in out.scheduled],
-                                                   [entry.block_table for entry in out.scheduled], size)
+        context_lens = [entry.start + 1 for entry in out.scheduled]
+        tables = [entry.block_table for entry in out.scheduled]
+        if self.cuda_graphs is not None:
+            if not self.cuda_graphs.is_current(self.model):  # a pass changed the model since: record it again
+                self.cuda_graphs.capture_model(self.model, self.paged_cache)
+            return self.cuda_graphs.run(token_ids, context_lens, tables, size)
+        input_ids, meta = self.decode_buffers.fill(token_ids, context_lens, tables, size)
         return self._run_compiled(input_ids, meta)
 
     def _move_blocks(self, out) -> None:
@@ -230,14 +248,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
-        """Compile the decode steps now, on dummy tokens, so that no request
-        waits for a compile later: a compile takes about a minute on a CPU, and
+        """Compile the decode steps now (or record them as CUDA graphs, on a
+        GPU), on dummy tokens, so that no request waits for a compile later: a compile takes about a minute on a CPU, and
         every request in the batch that met a new kind would stall for it.
         vLLM's workers compile and capture their graphs at start-up too (their
         method of this name). Every dummy row is a padded row (decode_batch.py):
         it reads and writes only the runner's reserved block, so warming up
         touches no sequence's keys, and may run again after a model swap."""
         if self.enforce_eager:
+            return
+        if self.cuda_graphs is not None:  # recorded, not compiled: seconds, and no compiler needed
+            self.cuda_graphs.capture_model(self.model, self.paged_cache)
             return
         print(f"tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
               f"(batch sizes {', '.join(map(str, self.capture_sizes))}), a minute or more on a CPU", file=sys.stderr)
