@@ -334,3 +334,61 @@ def test_the_packed_kernel_serves_up_to_its_row_limit(kind, dtype, limit):
     assert quant._kernel_serves(torch.zeros(limit, 128, dtype=dtype), layer)
     assert quant._kernel_serves(torch.zeros(2, limit // 2, 128, dtype=dtype), layer)  # rows, whatever the shape
     assert not quant._kernel_serves(torch.zeros(limit + 1, 128, dtype=dtype), layer)
+
+
+def test_kernel_decisions_are_per_device_and_an_old_gpu_takes_the_reference_path(monkeypatch):
+    """Each GPU gets its own decision (an A100 beside a T4), and torch's CUDA INT4
+    kernel is ruled out before any probe where it cannot run: below compute
+    capability 8.0 (a T4 is 7.5), or with fp16 activations. That is a missing
+    kernel, not an error, so INT4 still runs there, on the reference path."""
+    from tinyinfer import quant
+
+    assert quant.device_key("cpu") == "cpu"
+    assert quant.device_key("cuda:0") != quant.device_key("cuda:1")
+    monkeypatch.setattr(quant, "_KERNEL_OK", {})
+    monkeypatch.setattr(quant, "_KERNEL_ERRORS", {})
+    capabilities = {0: (7, 5), 1: (9, 0)}  # a T4, and an H100
+    monkeypatch.setattr(quant, "cuda_capability", lambda device: capabilities[torch.device(device).index])
+    assert "compute capability 8.0" in quant.kernel_missing("int4", "cuda:0", torch.bfloat16)
+    assert "bf16 activations, not float16" in quant.kernel_missing("int4", "cuda:1", torch.float16)
+    assert quant.kernel_missing("int4", "cuda:1", torch.bfloat16) is None  # the probe decides
+    assert quant.kernel_missing("int8", "cuda:0", torch.float16) is None
+    # Decided without a probe (this CPU machine has no GPU to run one on):
+    assert not quant.kernel_available("int4", "cuda:0", torch.bfloat16)
+    assert not quant.kernel_available("int4", "cuda:1", torch.float16)
+    assert quant.kernel_error("int4", "cuda:0", torch.bfloat16) is None  # missing is not a failure
+    assert ("int4", "cuda:0", torch.bfloat16) in quant._KERNEL_OK
+    assert ("int4", "cuda:1", torch.bfloat16) not in quant._KERNEL_OK
+
+
+def test_a_kernel_with_wrong_numbers_is_not_used_and_generation_takes_the_reference_path(monkeypatch):
+    """The probe compares the kernel with the reference path: a kernel that runs
+    but computes wrong numbers (as tinygemm would on a GPU it was not built for)
+    is refused and reported, and a quantized layer built afterwards takes the
+    reference path, with the reference's result."""
+    from tinyinfer import quant
+
+    monkeypatch.setattr(quant, "_KERNEL_OK", {})
+    monkeypatch.setattr(quant, "_KERNEL_ERRORS", {})
+    real = Int4Linear._kernel_forward
+    monkeypatch.setattr(Int4Linear, "_kernel_forward", lambda self, x: 2 * real(self, x))
+    assert not quant.kernel_available("int4", "cpu", torch.bfloat16)
+    assert "differs from the reference path" in quant.kernel_error("int4", "cpu", torch.bfloat16)
+    layer = Int4Linear.from_weight(weights().to(torch.bfloat16), 32)
+    assert not layer.has_layout()
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    got = layer(x)
+    layer.use_kernel = False
+    assert torch.equal(got, layer(x))
+
+
+def test_cuda_int4_packing_puts_the_even_column_in_the_high_nibble():
+    """torch's CUDA INT4 kernel reads two codes a byte, the first in the high
+    nibble (pack_int4's order reversed); and it groups the input dimension in
+    tiles of 16, 2, 4 or 8 side by side."""
+    from tinyinfer.quant import cuda_int4_bytes, inner_k_tiles
+
+    codes = torch.tensor([[1, 2, 15, 0], [7, 8, 3, 9]])
+    assert cuda_int4_bytes(codes).tolist() == [[0x12, 0xF0], [0x78, 0x39]]
+    assert cuda_int4_bytes(codes).dtype == torch.uint8
+    assert [inner_k_tiles(k) for k in (640, 576, 32 * 18, 96)] == [8, 4, 4, 2]

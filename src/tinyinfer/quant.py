@@ -21,6 +21,15 @@ ordinary matmul (the readable reference path). Where torch has a packed-weight
 kernel for this device, it is used instead for decode-sized inputs (see
 `kernel_available` and KERNEL_MAX_ROWS).
 
+On a CUDA GPU: torch's INT4 kernel ("tinygemm", the one gpt-fast uses) needs
+compute capability 8.0 or above (A100, H100, RTX 30 and later) and bf16
+activations; INT8 has a CUDA kernel in recent torch builds. Where a GPU lacks
+one (a T4, or fp16 activations), its layers take the reference path: the
+weights are de-quantized at each step, which costs time but still saves the
+memory, so INT4 and INT8 are never refused. The decision is made per device
+and per activation dtype, once, by a probe that also checks the kernel's
+numbers against the reference path.
+
 Like gpt-fast's `replace_linear_int8`, `quantize_model` swaps the nn.Linear
 modules of the decoder layers for Int8Linear / Int4Linear in place.
 """
@@ -57,7 +66,8 @@ META_DTYPE = torch.float16  # INT4 scales and zeros: 2 bytes each, as in GGUF's 
 # of 16 for all sent INT4 decode steps of 17-64 sequences down the slow path,
 # and fp32 prompts of 5-16 rows into a kernel 2-20x slower.)
 # fp16 takes bf16's limits (the same width; not measured here). A dtype not
-# listed never takes a kernel.
+# listed never takes a kernel. A CUDA GPU takes the same limits; they were not
+# measured there (tinygemm is made for a few rows, as these kernels are).
 KERNEL_MAX_ROWS = {("int4", torch.bfloat16): 64, ("int4", torch.float16): 64,
                    ("int8", torch.bfloat16): 16, ("int8", torch.float16): 16,
                    ("int4", torch.float32): 4, ("int8", torch.float32): 4}
@@ -138,15 +148,48 @@ def dequantize_int4(packed, scales, zeros, group_size: int, dtype=torch.float32)
 
 _KERNEL_OK: dict = {}
 _KERNEL_ERRORS: dict = {}  # kernels that exist but failed: a bug to report, not a missing feature
+# torch's CUDA INT4 kernel: tensor-core instructions of compute capability 8.0, and bf16 activations only.
+CUDA_INT4_CAPABILITY = (8, 0)
+
+
+def device_key(device) -> str:
+    """The device a kernel decision is made for: 'cpu', or one GPU ('cuda:1').
+    Two GPUs of one machine may differ (an A100 beside a T4), so each gets its own."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+def cuda_capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
+def kernel_missing(kind: str, device, dtype) -> str | None:
+    """Why this device has no packed kernel for `kind` and dtype, known before
+    any probe (None: a probe decides). Only CUDA's INT4 kernel has such rules:
+    a GPU below them would not fail cleanly, it would run the kernel wrongly."""
+    device = torch.device(device)
+    if kind != "int4" or device.type != "cuda":
+        return None
+    if cuda_capability(device) < CUDA_INT4_CAPABILITY:
+        return "torch's CUDA INT4 kernel needs compute capability 8.0 or above"
+    if dtype is not torch.bfloat16:
+        return f"torch's CUDA INT4 kernel takes bf16 activations, not {str(dtype).split('.')[-1]}"
+    return None
 
 
 def kernel_available(kind: str, device, dtype) -> bool:
     """Does torch have a working packed-weight matmul for `kind` on this device
-    and dtype? Tried once on a tiny input (ops differ across versions and builds).
-    An op this build lacks (NotImplementedError, AttributeError) just means no;
-    an op that exists but fails also means no, so generation falls back to the
-    reference path, but the failure is kept for kernel_error() (and tests fail on it)."""
-    key = (kind, torch.device(device).type, dtype)
+    and dtype? Tried once per device on a tiny input (ops differ across
+    versions, builds and GPUs), and its result compared with the reference path.
+    A kernel the device cannot have (kernel_missing), or an op this build lacks
+    (NotImplementedError, AttributeError), just means no; an op that exists but
+    fails or computes wrong numbers also means no, so generation falls back to
+    the reference path, but the failure is kept for kernel_error() (and tests fail on it)."""
+    key = (kind, device_key(device), dtype)
+    if key not in _KERNEL_OK and kernel_missing(kind, device, dtype) is not None:
+        _KERNEL_OK[key] = False
     if key not in _KERNEL_OK:
         try:
             g = torch.Generator(device=device).manual_seed(0)  # not the global stream: the probe draws no user's numbers
@@ -158,7 +201,12 @@ def kernel_available(kind: str, device, dtype) -> bool:
                 layer.zeros = zeros[0]
             for name, tensor in layer.make_layout(dtype).items():
                 setattr(layer, name, tensor)
-            layer._kernel_forward(x)
+            got = layer._kernel_forward(x).float()
+            layer.use_kernel = False
+            want = layer(x).float()  # the reference path
+            if not (got - want).abs().max() <= 0.05 * want.abs().max():  # also False for NaN
+                raise RuntimeError(f"its result differs from the reference path's by "
+                                   f"{(got - want).abs().max().item():.3g} (largest value {want.abs().max().item():.3g})")
             _KERNEL_OK[key] = True
         except (NotImplementedError, AttributeError):
             _KERNEL_OK[key] = False
@@ -170,7 +218,7 @@ def kernel_available(kind: str, device, dtype) -> bool:
 def kernel_error(kind: str, device, dtype) -> str | None:
     """Why an existing packed kernel failed its probe (None: it works, or torch has none)."""
     kernel_available(kind, device, dtype)
-    return _KERNEL_ERRORS.get((kind, torch.device(device).type, dtype))
+    return _KERNEL_ERRORS.get((kind, device_key(device), dtype))
 
 
 class QuantizedLinear(PackedModule):
@@ -329,12 +377,16 @@ class Int4Linear(QuantizedLinear):
         return self.out_features % 16 == 0  # torch's int4 packing works on blocks of 16 output rows
 
     def make_layout(self, dtype) -> dict:
-        # torch's CPU int4 kernel wants its own nibble layout and, per group,
+        # torch's int4 kernels want their own nibble layout and, per group,
         # (scale, zero') in x's dtype with w = (q - 8) * scale + zero'.
-        codes = _pad_to_groups(unpack_int4(self.weight), self.group_size).to(torch.int32)
+        codes = _pad_to_groups(unpack_int4(self.weight), self.group_size)
         s, z = self.scales.float(), self.zeros.float()
-        return {"kernel_weight": torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
-                "kernel_scales_zeros": torch.stack([s.T, (z + 8 * s).T], dim=-1).to(dtype).contiguous()}
+        scales_zeros = torch.stack([s.T, (z + 8 * s).T], dim=-1).to(dtype).contiguous()
+        if codes.is_cuda:  # tinygemm: codes two per byte, tiles of the tensor cores' shape
+            weight = torch.ops.aten._convert_weight_to_int4pack(cuda_int4_bytes(codes), inner_k_tiles(codes.shape[1]))
+        else:
+            weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        return {"kernel_weight": weight, "kernel_scales_zeros": scales_zeros}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_kernel and self.has_layout() and _kernel_serves(x, self):
@@ -347,9 +399,27 @@ class Int4Linear(QuantizedLinear):
         pad = -self.in_features % self.group_size
         if pad:  # the kernel wants whole groups: zero inputs meet the padded columns
             x2 = F.pad(x2, (0, pad))
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.kernel_weight, self.group_size,
-                                                       self.kernel_scales_zeros)
+        if x2.is_cuda:
+            y = torch.ops.aten._weight_int4pack_mm(x2.contiguous(), self.kernel_weight, self.group_size,
+                                                   self.kernel_scales_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.kernel_weight, self.group_size,
+                                                           self.kernel_scales_zeros)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def cuda_int4_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [out, in] (0..15) two per byte as torch's CUDA INT4 packing reads
+    them: column 2j in the HIGH nibble, 2j+1 in the low (pack_int4's order
+    reversed)."""
+    codes = codes.to(torch.uint8)
+    return (codes[:, 0::2] << 4 | codes[:, 1::2]).contiguous()
+
+
+def inner_k_tiles(in_features: int) -> int:
+    """How many 16-wide tiles of the input dimension tinygemm keeps side by
+    side: 8, 4 or 2, the most that divide it (more: wider loads)."""
+    return next(n for n in (8, 4, 2) if in_features % (16 * n) == 0)
 
 
 # ----------------------------------------------------------------- whole models
