@@ -153,3 +153,18 @@ def test_a_cpu_step_copies_nothing_it_writes_the_buffers_themselves():
     input_ids, meta = buffers.metadata(4, 12)
     assert meta.mask.shape == (4, 1, 1, 12)
     assert meta.mask[:, 0, 0].sum(1).tolist() == [6, 2, 1, 1]  # each row sees its own context, pad rows one key
+
+
+def test_a_failed_recording_warns_and_the_engine_carries_on_eagerly(one_layer_dir, monkeypatch):
+    """An operation that a CUDA graph cannot record is a bug, but the engine
+    keeps serving: a warning, then eager steps, as after a failed compile."""
+    class Broken(cuda_graphs.EagerStandIn):
+        def capture(self, step):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs, "default_graph_backend", lambda device: Broken())
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=64)
+    with pytest.warns(RuntimeWarning, match="recording CUDA graphs failed.*stream is capturing"):
+        graphed = LLM(one_layer_dir, **kw, enforce_eager=False)
+    assert graphed.runner.enforce_eager and graphed.runner.cuda_graphs is None
+    assert tokens(graphed, [SHORT, LONG]) == tokens(LLM(one_layer_dir, **kw), [SHORT, LONG])

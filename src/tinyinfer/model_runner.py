@@ -124,8 +124,9 @@ class ModelRunner:
         """Swap the model (chapter 6 does, to time several on one engine). The
         compiled decode steps (and CUDA graphs) wrap the old model and would go on
         running it: they are dropped and compiled (or recorded) again for the new
-        one, now (free when torch has graphs for a model of the same shapes already). The KV cache stays, so
-        the new model must have the old one's cache shape. (A pass run on the
+        one, now (a compile is free when torch has graphs for a model of the same
+        shapes already). The KV cache stays, so the new model must have the old
+        one's cache shape. (A pass run on the
         same model, quantize_model say, needs no swap: cpu_linear's rule 5.)"""
         _check_same_cache_shape(self.model.config, model.config)
         self.prepared = PreparedModel(model)
@@ -186,8 +187,10 @@ class ModelRunner:
         tables = [entry.block_table for entry in out.scheduled]
         if self.cuda_graphs is not None:
             if not self.cuda_graphs.is_current(self.model):  # a pass changed the model since: record it again
-                self.cuda_graphs.capture_model(self.model, self.paged_cache)
-            return self.cuda_graphs.run(token_ids, context_lens, tables, size)
+                self._capture()
+            if self.cuda_graphs is not None:
+                return self.cuda_graphs.run(token_ids, context_lens, tables, size)
+            return self._run_eager(out)  # the recording failed and _capture said so
         input_ids, meta = self.decode_buffers.fill(token_ids, context_lens, tables, size)
         return self._run_compiled(input_ids, meta)
 
@@ -212,6 +215,19 @@ class ModelRunner:
                 rows = hidden[first : first + stop - start]
                 found.append(PromptLogits(entry.seq, start, self.model.compute_logits(rows)))
         return found
+
+    def _capture(self) -> None:
+        """Record the decode steps as CUDA graphs. An operation that cannot be
+        recorded is a bug to report, but not a reason to stop serving: say so,
+        and run eagerly from then on, as a failed compile does."""
+        try:
+            self.cuda_graphs.capture_model(self.model, self.paged_cache)
+        except RuntimeError as e:
+            first_line = (str(e).splitlines() or [""])[0]
+            warnings.warn(f"enforce_eager=False: recording CUDA graphs failed ({type(e).__name__}: {first_line}); "
+                          "running eagerly instead", RuntimeWarning, stacklevel=2)
+            self.enforce_eager, self.cuda_graphs = True, None
+            self.eager_decode_reason = f"recording CUDA graphs failed ({type(e).__name__})"
 
     def _run_compiled(self, input_ids, meta):
         try:
@@ -249,8 +265,8 @@ class ModelRunner:
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
         """Compile the decode steps now (or record them as CUDA graphs, on a
-        GPU), on dummy tokens, so that no request waits for a compile later: a compile takes about a minute on a CPU, and
-        every request in the batch that met a new kind would stall for it.
+        GPU), on dummy tokens, so that no request waits for a compile later: a
+        compile takes about a minute on a CPU, and every request in the batch that met a new kind would stall for it.
         vLLM's workers compile and capture their graphs at start-up too (their
         method of this name). Every dummy row is a padded row (decode_batch.py):
         it reads and writes only the runner's reserved block, so warming up
@@ -258,7 +274,7 @@ class ModelRunner:
         if self.enforce_eager:
             return
         if self.cuda_graphs is not None:  # recorded, not compiled: seconds, and no compiler needed
-            self.cuda_graphs.capture_model(self.model, self.paged_cache)
+            self._capture()
             return
         print(f"tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
               f"(batch sizes {', '.join(map(str, self.capture_sizes))}), a minute or more on a CPU", file=sys.stderr)
