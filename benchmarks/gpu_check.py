@@ -468,7 +468,10 @@ def run_notebooks(args, report: dict, tok_dir: Path) -> None:
             continue
         rows[path.stem] = run_notebook(path, args.cell_timeout_s)
     report["notebooks"] = sorted(rows.values(), key=lambda row: row["name"])
-    report.setdefault("meta", meta(args.command, None, launch_cost_us()))
+    if report.get("meta"):  # the engine command's report: say that this command added to it
+        report["meta"]["command"] += f" && {args.command}"
+    else:
+        report["meta"] = meta(args.command, None, launch_cost_us())
     shutil.rmtree(home, ignore_errors=True)
 
 
