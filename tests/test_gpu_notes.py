@@ -55,7 +55,7 @@ def step(duration, prefill, decode):
 def test_lab7_note_from_replays_uses_decode_only_steps():
     config = ModelConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
-    one = ReplayResult([], [step(0.050, 30, 0), step(0.004, 0, 1), step(0.006, 0, 1), step(0.005, 0, 1)], 1.0)
+    one = ReplayResult([], [step(0.050, 30, 1), step(0.004, 0, 1), step(0.006, 0, 1), step(0.005, 0, 1)], 1.0)
     eight = ReplayResult([], [step(0.090, 200, 3), step(0.006, 0, 8), step(0.007, 0, 8), step(0.003, 0, 2)], 1.0)
     note = gpu_notes.replay_batch_note("cuda", {1: one, 8: eight}, config, bandwidth=1e12, name="H200")
     # medians of the decode-only steps: 5 ms at batch 1, 6.5 ms at batch 8 (prefill steps left out)
