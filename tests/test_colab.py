@@ -143,3 +143,33 @@ def test_colab_install_covers_what_the_lab_imports(lab: Path) -> None:
         assert (requirement in pip) == imported, f"{lab.name}: imports {name}: {imported}; pip: {pip}"
     if lab.stem == "08-fleets":
         assert "openai>=1.40" in pip
+
+
+# What would replace Colab's CUDA build of PyTorch with another (a CPU-only wheel, or
+# a newer one built for another CUDA): a torch requirement of the cell's own, or a flag
+# that upgrades what is installed or points pip at another index.
+TORCH_REPLACING_FLAGS = ("-U", "--upgrade", "--force-reinstall", "--index-url", "-i", "--extra-index-url")
+
+
+def torch_replacing(pip: list[str]) -> list[str]:
+    """The parts of a pip command that could reinstall torch over Colab's own."""
+    return [arg for arg in pip if arg in TORCH_REPLACING_FLAGS or arg.startswith(("--index-url=", "--upgrade-strategy"))
+            or re.match(r"torch\b", arg) or "download.pytorch.org" in arg]
+
+
+def test_the_torch_check_can_fail() -> None:
+    assert torch_replacing([sys.executable, "-m", "pip", "install", "--upgrade", "tinyinfer @ git+x"]) == ["--upgrade"]
+    assert torch_replacing(["pip", "install", "torch==2.4.0+cpu"]) == ["torch==2.4.0+cpu"]
+    assert torch_replacing(["pip", "install", "--index-url=https://download.pytorch.org/whl/cpu", "x"])
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem)
+def test_colab_install_keeps_colabs_cuda_torch(lab: Path) -> None:
+    """On a Colab GPU runtime, torch is already installed, built for its CUDA: the cell must
+    not replace it (no torch of its own, no upgrade, no other index), and the course's own
+    torch requirement must be a lower bound that Colab's build meets, not a pin."""
+    commands, _ = run_install_cell(install_cell(nbformat.read(lab, as_version=4)).source, in_colab=True)
+    assert not torch_replacing(commands[0]), f"{lab.name}: {commands[0]}"
+    project = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    torch_reqs = re.findall(r'"torch(?![\w-])\s*([^"]*)"', project)
+    assert torch_reqs == [">=2.4"], f"pyproject.toml: torch{torch_reqs}: a pin or an upper bound would replace Colab's torch"

@@ -264,3 +264,26 @@ def changed(old: dict[str, str], new: dict[str, str]) -> list[str]:
         elif old[name] != new[name]:
             out.append(f"{name} (code changed)")
     return out
+
+
+def stamp_note(stamp: dict, when: str, today: dict, program: str, rows: str, remeasure: str) -> str:
+    """One sentence on the code behind a stored measurement: the same as today's,
+    older (naming what changed), or unknown. `stamp` is the stored stamp() result,
+    `today` today's, for the same set of modules; `program` names what runs that
+    code ("`tinyinfer serve`"), `rows` the measurements it concerns ("the tinyinfer
+    rows") and `remeasure` how to measure today's ("`make peers` measures today's").
+    Shared by every stored report a page renders (bench/peers.py, bench/gpu_report.py)."""
+    theirs = stamp.get("engine_fingerprint", "unknown")
+    if theirs == "unknown":
+        return (f"These rows were measured on {when} by a tinyinfer that left no engine fingerprint "
+                f"(commit {stamp.get('engine_commit', 'unknown')}), so whether today's {program} "
+                f"gives the same numbers is not known: {remeasure}.")
+    named = f"tinyinfer at commit {stamp.get('engine_commit', 'unknown')} (engine fingerprint {theirs})"
+    if theirs == today["engine_fingerprint"]:
+        return f"These rows were measured on {when} by {named}, the same code that {program} runs today."
+    moved = [line.split(" (")[0].removeprefix(f"{PACKAGE}.")
+             for line in changed(stamp.get("engine_modules") or {}, today["engine_modules"])]
+    listed = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+    return (f"These rows were measured on {when} by {named}. The code that {program} runs has changed "
+            f"since then ({len(moved)} of its modules: {listed}; today's fingerprint is "
+            f"{today['engine_fingerprint']}), so {rows} show an older engine, not today's: {remeasure}.")

@@ -131,26 +131,13 @@ def serve_config(command: str) -> dict:
 
 def engine_note(report: dict, today: dict | None = None) -> str:
     """One sentence on the engine behind the tinyinfer rows: today's, or an older one
-    (then the rows are not today's engine's numbers), or unknown. `today` is
-    engine_stamp()'s result, computed here when not given."""
+    (then the rows are not today's engine's numbers), or unknown (fingerprint.stamp_note).
+    `today` is engine_stamp()'s result, computed here when not given."""
     stamp = report["meta"].get("engine_stamp") or {}
-    when = report["meta"].get("date", "an unknown date")
-    theirs = stamp.get("engine_fingerprint", "unknown")
-    if theirs == "unknown":
-        return (f"These rows were measured on {when} by a tinyinfer that left no engine fingerprint "
-                f"(commit {stamp.get('engine_commit', 'unknown')}), so whether today's `tinyinfer serve` "
-                "gives the same numbers is not known: `make peers` measures today's.")
-    today = today or engine_stamp()
-    named = f"tinyinfer at commit {stamp.get('engine_commit', 'unknown')} (engine fingerprint {theirs})"
-    if theirs == today["engine_fingerprint"]:
-        return f"These rows were measured on {when} by {named}, the same code that `tinyinfer serve` runs today."
-    changed = [line.split(" (")[0].removeprefix("tinyinfer.")
-               for line in fingerprint.changed(stamp.get("engine_modules") or {}, today["engine_modules"])]
-    listed = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
-    return (f"These rows were measured on {when} by {named}. The code that `tinyinfer serve` runs has changed "
-            f"since then ({len(changed)} of its modules: {listed}; today's fingerprint is "
-            f"{today['engine_fingerprint']}), so the tinyinfer rows show an older engine, not today's: "
-            "`make peers` measures today's.")
+    if stamp.get("engine_fingerprint", "unknown") != "unknown":
+        today = today or engine_stamp()
+    return fingerprint.stamp_note(stamp, report["meta"].get("date", "an unknown date"), today or {},
+                                  "`tinyinfer serve`", "the tinyinfer rows", "`make peers` measures today's")
 
 
 # ------------------------------------------------------------------ one run
