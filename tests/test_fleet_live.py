@@ -1,0 +1,128 @@
+"""`tinyinfer fleet`: real `tinyinfer serve` replicas of the tiny model behind vllm-router.
+
+Each test checks that the router spread the requests (both replicas served
+some) and that nothing the fleet started is left running afterwards: not the
+replicas, not the router, not the engine-core process each replica spawns.
+Skipped where vllm-router is not installed (it has wheels for Linux x86_64
+only); the fallback to the simulator is tested everywhere.
+"""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("httpx")
+import httpx  # noqa: E402
+
+from tinyinfer.cli import main  # noqa: E402
+from tinyinfer.fleet import live  # noqa: E402
+
+needs_router = pytest.mark.skipif(
+    live.router_binary() is None,
+    reason="vllm-router is not installed (pip install 'tinyinfer[fleet]'; wheels for Linux x86_64 only)")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below pid, read from /proc (parent ids)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def started_by(fleet) -> set[int]:
+    """The fleet's processes and everything they started (the replicas' engine cores)."""
+    pids = set(fleet.pids)
+    for pid in fleet.pids:
+        pids |= descendants(pid)
+    return pids
+
+
+def complete(url: str, i: int, stream: bool = False) -> str:
+    body = {"prompt": f"Request {i} asks about", "max_tokens": 3, "temperature": 0, "stream": stream}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=60, trust_env=False)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+@needs_router
+def test_two_replicas_behind_the_router_share_the_requests_and_stop(tiny_dir):
+    with live.start_fleet(2, "round_robin", model=tiny_dir, threads=1, max_num_seqs=4) as fleet:
+        pids = started_by(fleet)
+        assert len(pids) >= 5, pids  # two replicas, their two engine cores, the router
+        before = fleet.served()
+        for i in range(6):
+            complete(fleet.url, i, stream=bool(i % 2))
+        served = [b - a for a, b in zip(before, fleet.served())]
+        assert sum(served) == 6 and min(served) > 0, served
+        assert all(httpx.get(u + "/get_load", trust_env=False).json() == {"load": 0} for u in fleet.replica_urls)
+    assert not [p for p in pids if running(p)]
+
+
+@needs_router
+def test_the_command_stops_everything_on_ctrl_c(tiny_dir):
+    cmd = [sys.executable, "-m", "tinyinfer", "fleet", "--model", tiny_dir, "--threads", "1", "--max-num-seqs", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("OpenAI base URL"):
+                break
+        assert lines and lines[-1].startswith("OpenAI base URL"), lines
+        url = lines[0].split()[1]
+        complete(url, 0)
+        pids = descendants(proc.pid)
+        assert len(pids) >= 5, (lines, pids)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert proc.wait(60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not [p for p in pids if running(p)]
+
+
+@needs_router
+def test_a_replica_that_cannot_start_is_a_clear_error_and_leaves_nothing(tmp_path):
+    before = descendants(os.getpid())
+    with pytest.raises(live.FleetError, match="replica 0 exited"):
+        live.start_fleet(2, model=str(tmp_path / "no-such-model"), threads=1, startup_timeout_s=120)
+    assert not [p for p in descendants(os.getpid()) - before if running(p)]
+
+
+def test_without_the_router_the_command_says_so_and_simulates(monkeypatch, capsys):
+    monkeypatch.setattr(live, "router_binary", lambda: None)
+    with pytest.raises(live.RouterMissing, match="pip install"):
+        live.start_fleet(2)
+    assert main(["fleet", "--policy", "cache_aware"]) == 0
+    out, err = capsys.readouterr()
+    assert "vllm-router is not installed" in err and "'prefix_affinity'" in err
+    assert "completed" in out and "utilisation" in out  # the simulator's report
+
+
+def test_bad_arguments_name_the_field():
+    with pytest.raises(ValueError, match="policy='least_busy' is invalid"):
+        live.start_fleet(2, "least_busy")
+    with pytest.raises(ValueError, match="n="):
+        live.start_fleet(0)
+    assert live.split_threads(2, 2) == 1 and live.split_threads(3, 2) == 1 and live.split_threads(2, 8) == 4
