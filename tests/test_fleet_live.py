@@ -126,3 +126,89 @@ def test_bad_arguments_name_the_field():
     with pytest.raises(ValueError, match="n="):
         live.start_fleet(0)
     assert live.split_threads(2, 2) == 1 and live.split_threads(3, 2) == 1 and live.split_threads(2, 8) == 4
+
+
+# --- the session workload and the stored router report (no router needed) -------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tinyinfer.bench.prompts import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+def test_session_workload_shares_system_prompts_and_grows_turn_by_turn(tokenizer):
+    from tinyinfer.fleet.sessions import make_session_workload, to_sim_requests
+
+    turns = make_session_workload(tokenizer, num_sessions=5, turns=3, num_system_prompts=2, system_len=40,
+                                  user_len=8, seed=1)
+    assert turns == make_session_workload(tokenizer, num_sessions=5, turns=3, num_system_prompts=2, system_len=40,
+                                          user_len=8, seed=1)  # seeded
+    assert [t.request_id for t in turns] == list(range(15))
+    assert [t.arrival_time for t in turns] == sorted(t.arrival_time for t in turns)
+    by_session = {}
+    for t in turns:
+        by_session.setdefault(t.session, []).append(t)
+    for session in by_session.values():
+        assert [t.turn for t in session] == [0, 1, 2]
+        for prev, t in zip(session, session[1:]):
+            assert t.prompt.startswith(prev.prompt + "\nUser: ")  # each turn re-sends the earlier ones
+            assert t.history_len == prev.prompt_len and t.system_id == prev.system_id
+    assert {t.system_id for t in turns} == {0, 1}
+    for t in turns:
+        assert t.prompt_len == len(tokenizer.encode(t.prompt, add_special_tokens=False))
+    sims = to_sim_requests(turns)
+    assert all(s.prefix_id == t.system_id and s.prefix_len % 16 == 0 and 0 < s.prefix_len <= t.system_len
+               for s, t in zip(sims, turns))
+    with pytest.raises(ValueError, match="turns=0 is invalid"):
+        make_session_workload(tokenizer, turns=0)
+
+
+def test_stored_router_report_renders_real_rows_beside_the_simulator():
+    from tinyinfer.fleet import router_report as R
+
+    report = R.load(R.STORED)
+    assert report["stored"] and set(report["runs"]) == {"round_robin", "power_of_two", "cache_aware"}
+    m = report["meta"]
+    assert m["cpu"] and m["engine_stamp"]["engine_fingerprint"] and m["router"].startswith("vllm-router")
+    for run in report["runs"].values():
+        assert run["real"]["failed"] == 0 and run["real"]["completed"] == report["workload"]["requests"]
+        assert sum(run["real"]["served"]) == report["workload"]["requests"] == sum(run["sim"]["served"])
+    text = R.render(report)
+    assert "| round_robin (round_robin) |" in text and "| cache_aware (prefix_affinity) |" in text
+    assert "stored copy" in text and m["cpu"] in text and "Vector units" in text
+    for policy, run in report["runs"].items():
+        r, s = run["real"], run["sim"]
+        assert f"{r['ttft_p95_s'] * 1e3:,.0f} / {s['ttft_p95_s'] * 1e3:,.0f}" in text
+
+
+def test_the_sentences_follow_the_numbers():
+    import copy
+
+    from tinyinfer.fleet import router_report as R
+
+    report = R.load(R.STORED)
+    changed = copy.deepcopy(report)
+    rr = changed["runs"]["round_robin"]
+    rr["real"]["share"], rr["sim"]["share"] = [0.8, 0.2], [0.5, 0.5]
+    assert "Under round_robin the busier replica took 80%" in R.share_sentence(changed)
+    for run in changed["runs"].values():
+        run["real"]["prefix_hit_rate"] = run["sim"]["prefix_hit_rate"] + 0.3
+    assert "more than 10 points higher under round_robin, power_of_two, cache_aware" in R.hit_sentence(changed)
+    ranks = {"round_robin": 1, "power_of_two": 2, "cache_aware": 3}
+    for p, run in changed["runs"].items():
+        run["real"]["ttft_p95_s"] = run["sim"]["ttft_p95_s"] = ranks[p]
+    assert R.rank_sentence(changed).startswith("Both rank the policies the same way")
+
+
+def test_engine_note_says_when_the_code_has_changed():
+    from tinyinfer.fleet import router_report as R
+
+    report = R.load(R.STORED)
+    stamp = report["meta"]["engine_stamp"]
+    assert "the same code that runs today" in R.engine_note(report, today=stamp)
+    other = {"engine_fingerprint": "0" * 16,
+             "engine_modules": {**stamp["engine_modules"], "tinyinfer.fleet.live": "changed"}}
+    note = R.engine_note(report, today=other)
+    assert "has changed since then (1 of its modules: fleet.live" in note and "`make fleet`" in note

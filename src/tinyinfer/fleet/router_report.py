@@ -130,12 +130,15 @@ def _busier(share: list[float]) -> float:
 
 
 def header(report: dict) -> str:
+    from ..bench.peers import units_text
+
     m, w = report["meta"], report["workload"]
     where = (f"stored copy: tinyinfer/bench/data/{Path(report['source']).name}" if report.get("stored")
              else f"this machine's `make fleet`: {report.get('source', '?')}") if "source" in report else "this run"
     return "  \n".join([
         f"{m['cpu']}, {m['cores']} cores; {m['replicas']} replicas of {m['model']} ({m['dtype']}), "
         f"{m['threads_per_replica']} torch thread(s) each, behind {m['router']}; {m['date']} ({where})",
+        f"Vector units: {units_text(m)}.",
         f"Workload: {w['sessions']} sessions of {w['turns']} turns ({w['requests']} requests), "
         f"{w['system_prompts']} system prompts of {w['system_len']} tokens, {w['user_len']}-token user messages, "
         f"{w['output_len']} output tokens, {w['session_rate']:g} new sessions/s, turns {w['turn_gap_s']:g} s apart. "
@@ -175,20 +178,34 @@ def share_sentence(report: dict) -> str:
                    f"{', '.join(close)}.")
     for p, run in far.items():
         real, sim = _busier(run["real"]["share"]), _busier(run["sim"]["share"])
+        if p == "cache_aware":
+            homes = prefix_homes(report)
+            n_homes = len(set(homes.values()))
+            where = (f"here all {len(homes)} system prompts' homes are the same replica" if n_homes == 1 else
+                     f"here the {len(homes)} system prompts' homes are " +
+                     ", ".join(f"prompt {k} on replica {v}" for k, v in homes.items()))
         why = {
             "cache_aware": "the simulator's prefix_affinity sends every request with the same system prompt to "
-                           "that prompt's home replica (a hash), so its shares follow how many requests each "
-                           "system prompt has; vllm-router's cache_aware matches the prompt's text against what "
-                           "each replica was sent before and turns to the less loaded replica when the loads drift "
-                           "apart",
-            "power_of_two": "vllm-router compares the loads it last polled from /get_load (every few seconds, "
-                            "so stale by the time a burst arrives), while the simulator compares the requests "
+                           "that prompt's home replica, chosen by a hash, and leaves it only when the home holds "
+                           f"too many requests; {where if p == 'cache_aware' else ''}. vllm-router's cache_aware "
+                           "matches the prompt's text against what each replica was sent before, and sends to the "
+                           "less loaded replica instead when the loads drift apart",
+            "power_of_two": "vllm-router compares the loads it last polled from /get_load (every 5 seconds in "
+                            "version 0.1.17, so often stale: between two polls both replicas may read 0), while the simulator compares the requests "
                             "outstanding at that instant",
             "round_robin": "round robin counts requests, not work: the replicas' requests differed in length",
         }.get(p, "the two policies differ")
         out.append(f"Under {p} the busier replica took {_pct(real)} of the requests against the simulator's "
                    f"{_pct(sim)} ({_points(real, sim):.0f} points apart): {why}.")
     return " ".join(out)
+
+
+def prefix_homes(report: dict) -> dict[int, int]:
+    """{system prompt: its home replica} under the simulator's prefix_affinity (router.py's hash)."""
+    from .router import _score
+
+    n = report["meta"]["replicas"]
+    return {pid: max(range(n), key=lambda r: _score(pid, r)) for pid in range(report["workload"]["system_prompts"])}
 
 
 def hit_sentence(report: dict) -> str:
@@ -205,6 +222,11 @@ def hit_sentence(report: dict) -> str:
             f"prefix per request, the system prompt, whose whole blocks are {_pct(sysb)} of the prompt tokens; "
             f"a session's earlier turns are another {_pct(hist)}, which the real cache reuses whenever the next "
             "turn lands on the replica that served the last one, and the simulator never counts.")
+    gaps = {p: _points(run["real"]["prefix_hit_rate"], run["sim"]["prefix_hit_rate"])
+            for p, run in report["runs"].items()}
+    within = [p for p, g in gaps.items() if g <= BAR * 100]
+    if len(within) == len(gaps):
+        text += f" All are within {BAR * 100:.0f} points (at most {max(gaps.values()):.0f})."
     if above:
         text += f" That is why the real rate is more than {BAR * 100:.0f} points higher under {', '.join(above)}."
     return text
@@ -222,9 +244,10 @@ def ttft_sentence(report: dict) -> str:
             f"measured on one engine alone; in the run, {n} replicas of {threads} thread(s) shared {cores} cores "
             "with their HTTP servers, the router and the client, and the steps they ran took "
             f"{_span(ratios)} what the offline model says for the same steps. "
-            f"Simulated again on those steps' own costs, the gap is {', '.join(served)}: what remains is what the "
-            "simulator does not model at all (HTTP, the router's hop, the client's clock, a request queued in "
-            "the server before the engine sees it).")
+            f"Simulated again on those steps' own costs, the ratio is {', '.join(served)}. What is left comes "
+            "from routing differently from the simulator (the shares above) and from what it does not model at "
+            "all: HTTP, the router's hop, the client's clock, a request waiting in the server before the engine "
+            "sees it.")
 
 
 def _span(ratios: list[float]) -> str:
@@ -238,9 +261,15 @@ def rank_sentence(report: dict) -> str:
     sim = sorted(runs, key=lambda p: runs[p]["sim"]["ttft_p95_s"])
     if real == sim:
         return f"Both rank the policies the same way on p95 TTFT, best first: {', '.join(real)}."
+    n = report["workload"]["requests"]
+    below = int(0.95 * (n - 1))  # numpy's p95 lies between the sorted values at this index and the next
     return (f"They rank the policies differently on p95 TTFT, best first: the router {', '.join(real)}; the "
-            f"simulator {', '.join(sim)}. With {report['workload']['requests']} requests, p95 is about the "
-            "second-slowest request or two, so one slow step moves it; the ranking is one run's, not a law.")
+            f"simulator {', '.join(sim)}. Of {n} requests, p95 lies between the {_nth(n - below)}- and "
+            f"{_nth(n - below - 1)}-slowest TTFT, so a few slow requests decide it: this ranking is one run's.")
+
+
+def _nth(k: int) -> str:
+    return {1: "", 2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth"}.get(k, f"{k}th")
 
 
 def explain(report: dict) -> str:
