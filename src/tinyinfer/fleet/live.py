@@ -266,7 +266,18 @@ def _interrupt(signum, frame):
 
 def run(args) -> int:
     # `kill` (SIGTERM) stops the fleet as Ctrl-C does: both unwind through start_fleet or the with block.
-    signal.signal(signal.SIGTERM, _interrupt)
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return _run(args)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     try:
         fleet = start_fleet(args.replicas, args.policy, args.model, dtype=args.dtype, threads=args.threads,
                             max_num_seqs=args.max_num_seqs)
