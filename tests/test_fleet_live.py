@@ -103,10 +103,12 @@ def test_the_command_stops_everything_on_ctrl_c(tiny_dir):
 
 
 @needs_router
-def test_a_replica_that_cannot_start_is_a_clear_error_and_leaves_nothing(tmp_path):
+def test_a_failed_start_is_a_clear_error_and_leaves_nothing(tiny_dir, monkeypatch):
+    """The replicas come up, then the router fails to start: the replicas must not be left behind."""
+    monkeypatch.setattr(live, "router_command", lambda *a: [sys.executable, "-c", "print('no router'); exit(3)"])
     before = descendants(os.getpid())
-    with pytest.raises(live.FleetError, match="replica 0 exited"):
-        live.start_fleet(2, model=str(tmp_path / "no-such-model"), threads=1, startup_timeout_s=120)
+    with pytest.raises(live.FleetError, match="router exited with code 3(.|\n)*no router"):
+        live.start_fleet(2, model=tiny_dir, threads=1, max_num_seqs=4)
     assert not [p for p in descendants(os.getpid()) - before if running(p)]
 
 
