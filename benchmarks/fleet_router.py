@@ -70,6 +70,7 @@ def main() -> None:
     if live.router_binary() is None:
         sys.exit(f"vllm-router is not installed: {live.INSTALL_HINT}. The simulator alone: tinyinfer fleet.")
     threads = args.threads or live.split_threads(args.replicas)
+    load_at_start = _load()  # other work on the machine slows every timing below
 
     tokenizer = load_tokenizer(args.model)
     turns = make_session_workload(tokenizer, args.sessions, args.turns, args.system_prompts, args.system_len,
@@ -87,6 +88,7 @@ def main() -> None:
 
     runs = {}
     for policy in policies:
+        load = _load()
         with live.start_fleet(args.replicas, policy, args.model, dtype=args.dtype, threads=threads,
                               max_num_seqs=args.max_num_seqs) as fleet:
             real = measure_policy(fleet, turns, args.model)
@@ -100,6 +102,7 @@ def main() -> None:
             # how much slower the replicas' steps were than the offline model says, on the same steps
             "step_ratio": sum(s for _, _, s in steps) / max(1e-9, sum(cost.step_time(p, d) for p, d, _ in steps)),
             "num_steps": len(steps),
+            "load_average": load,
         }
         r, s = runs[policy]["real"], runs[policy]["sim"]
         print(f"{policy:>13}: real shares {[round(x, 2) for x in r['share']]} hit {r['prefix_hit_rate']:.0%} "
@@ -112,6 +115,7 @@ def main() -> None:
         "meta": {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             **router_report.machine(),
+            "load_average": load_at_start,
             "threads_per_replica": threads, "replicas": args.replicas, "model": args.model, "dtype": args.dtype,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
             "router": f"vllm-router {router_report.router_version()}",
@@ -138,6 +142,14 @@ def main() -> None:
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save).write_text(json.dumps(report, indent=1) + "\n")
         print(f"\nsaved {args.save}")
+
+
+def _load() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 if __name__ == "__main__":

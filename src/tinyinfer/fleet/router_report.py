@@ -138,12 +138,26 @@ def header(report: dict) -> str:
     return "  \n".join([
         f"{m['cpu']}, {m['cores']} cores; {m['replicas']} replicas of {m['model']} ({m['dtype']}), "
         f"{m['threads_per_replica']} torch thread(s) each, behind {m['router']}; {m['date']} ({where})",
-        f"Vector units: {units_text(m)}.",
+        f"Vector units: {units_text(m)}.{load_text(report)}",
         f"Workload: {w['sessions']} sessions of {w['turns']} turns ({w['requests']} requests), "
         f"{w['system_prompts']} system prompts of {w['system_len']} tokens, {w['user_len']}-token user messages, "
         f"{w['output_len']} output tokens, {w['session_rate']:g} new sessions/s, turns {w['turn_gap_s']:g} s apart. "
         "TTFT is the client's (first streamed token minus send); shares and hits are from each replica's /metrics.",
     ])
+
+
+def load_text(report: dict) -> str:
+    """The machine's load when each policy's run began, and whether it was busy."""
+    m = report["meta"]
+    loads = [run.get("load_average") for run in report["runs"].values()]
+    loads = [x for x in [m.get("load_average"), *loads] if x is not None]
+    if not loads:
+        return ""
+    text = f" Load average (1 minute) as each run began: {min(loads):.1f} to {max(loads):.1f} on {m['cores']} cores"
+    if max(loads) > m["cores"]:
+        return text + (": other work shared the cores, so every real timing is slower than on an idle "
+                       "machine, and the steps' cost with it.")
+    return text + "."
 
 
 def table(report: dict) -> str:
