@@ -202,6 +202,10 @@ def test_the_sentences_follow_the_numbers():
     for p, run in changed["runs"].items():
         run["real"]["ttft_p95_s"] = run["sim"]["ttft_p95_s"] = ranks[p]
     assert R.rank_sentence(changed).startswith("Both rank the policies the same way")
+    changed["meta"]["load_average"] = 0.4
+    assert R.load_text(changed).endswith("0.4 on 2 cores.")
+    changed["meta"]["load_average"] = 3.0
+    assert "other work shared the cores" in R.load_text(changed)
 
 
 def test_engine_note_says_when_the_code_has_changed():

@@ -147,16 +147,14 @@ def header(report: dict) -> str:
 
 
 def load_text(report: dict) -> str:
-    """The machine's load when each policy's run began, and whether it was busy."""
+    """The machine's load before the benchmark started anything, and whether it was busy."""
     m = report["meta"]
-    loads = [run.get("load_average") for run in report["runs"].values()]
-    loads = [x for x in [m.get("load_average"), *loads] if x is not None]
-    if not loads:
+    load = m.get("load_average")
+    if load is None:
         return ""
-    text = f" Load average (1 minute) as each run began: {min(loads):.1f} to {max(loads):.1f} on {m['cores']} cores"
-    if max(loads) > m["cores"]:
-        return text + (": other work shared the cores, so every real timing is slower than on an idle "
-                       "machine, and the steps' cost with it.")
+    text = f" Load average (1 minute) before the run: {load:.1f} on {m['cores']} cores"
+    if load > m["cores"]:
+        return text + (": other work shared the cores, so every real timing is slower than on an idle machine.")
     return text + "."
 
 
