@@ -8,6 +8,7 @@
 #   make record  re-execute every solution, in order, on this engine (then make labs); idle machine!
 #   make test-portable  the strict notebooks under another CPU's kernels (AVX2, then none)
 #   make peers   tinyinfer beside llama.cpp and vLLM CPU on this machine (sets both up once, outside the repo)
+#   make fleet   two replicas behind vLLM's router, three policies, beside the simulator (a few minutes)
 #   make clean   remove _build/
 #
 # Everything runs in a virtual environment, $(VENV), created on first use.
@@ -35,7 +36,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book vendor test test-portable lab labs record peers clean
+.PHONY: book vendor test test-portable lab labs record peers fleet clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -128,6 +129,15 @@ record: $(STAMP)
 peers: $(STAMP)
 	@mkdir -p _build
 	$(PY) benchmarks/peers.py --save _build/peers.json
+
+# Not part of `make test`. Two `tinyinfer serve` replicas behind vllm-router (the
+# [fleet] extra, Linux x86_64 only), one session workload replayed under three
+# policies, each beside the simulator's prediction; about 5 minutes on 2 cores.
+# The report lands in _build/fleet-router.json (--save src/tinyinfer/bench/data/...
+# stores a copy for the book). `tinyinfer fleet` starts a fleet to try by hand.
+fleet: $(STAMP)
+	@mkdir -p _build
+	$(PY) benchmarks/fleet_router.py --save _build/fleet-router.json
 
 clean:
 	rm -rf _build

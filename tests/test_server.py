@@ -181,6 +181,22 @@ def test_models_and_health(client, server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
+def test_get_load_counts_the_requests_held(server):
+    """vllm-router's power_of_two polls /get_load: a request in the middle of its reply counts, an idle server is 0."""
+    body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0, "ignore_eos": True, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        assert httpx.get(server.url + "/get_load").json() == {"load": 1}
+        for _ in lines:  # read the rest of the reply
+            pass
+    deadline = time.monotonic() + 10
+    while httpx.get(server.url + "/get_load").json()["load"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(server.url + "/get_load").json() == {"load": 0}
+
+
 def test_metrics(client, server, engine):
     """/metrics in Prometheus' format, read with prometheus_client's own parser, under vLLM's names."""
     before = _metrics(server)

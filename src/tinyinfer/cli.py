@@ -1,4 +1,4 @@
-"""The command line: `tinyinfer generate | chat | fetch | memory | serve | bench`.
+"""The command line: `tinyinfer generate | chat | fetch | memory | serve | bench | fleet`.
 
 generate, chat and fetch live here. Each larger command lives in its own module
 (memory.py, the server/ and bench/ packages), which exposes `add_arguments(parser)`
@@ -85,6 +85,7 @@ PLUGINS = {
     "memory": ("tinyinfer.memory", "weights + KV-cache memory calculator"),
     "serve": ("tinyinfer.server", "an OpenAI-compatible HTTP server"),
     "bench": ("tinyinfer.bench", "load-test an OpenAI-compatible endpoint"),
+    "fleet": ("tinyinfer.fleet.live", "N `tinyinfer serve` replicas behind vLLM's router (vllm-router)"),
 }
 
 

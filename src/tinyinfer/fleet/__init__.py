@@ -9,6 +9,11 @@ times come from a cost model fitted to the real engine (`calibrate`).
     from tinyinfer.fleet import make_workload, simulate
     wl = make_workload(500, rate=2.0, prompt_len=(32, 512), output_len=(16, 256), seed=0)
     print(simulate(wl, replicas=4, policy="least_outstanding"))
+
+The real thing, on one machine: live.start_fleet runs `tinyinfer serve` replicas
+behind vLLM's router (`tinyinfer fleet`), live_run measures a policy there and
+simulates the same requests, and router_report renders the stored comparison
+(`make fleet`, chapter 8). They are imported by name, not from here.
 """
 from .calibrate import calibrate, calibrate_steps, fit_steps
 from .cost import StepCostModel

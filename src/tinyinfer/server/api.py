@@ -1,6 +1,6 @@
 """The HTTP routes: OpenAI's /v1/completions and /v1/chat/completions (plain
-JSON or streamed as server-sent events), /v1/models, /health, /metrics and
-/debug/steps.
+JSON or streamed as server-sent events), /v1/models, /health, /get_load (for
+vllm-router), /metrics and /debug/steps.
 
 A handler validates the request, turns it into a prompt and SamplingParams,
 hands it to the AsyncLLM and relays the RequestDeltas that come back. Every
@@ -139,6 +139,15 @@ async def health(request: Request):
         raise APIError(503, f"the engine loop is not running: {client.fatal_error or 'it has stopped'}",
                        "server_error")
     return {"status": "ok"}
+
+
+@routes.get("/get_load")
+async def get_load(request: Request):
+    """What vllm-router's power_of_two policy polls (every few seconds): {"load": N},
+    the requests this replica holds, running or waiting. Requests, not tokens: the
+    router compares two replicas' numbers and sends to the smaller."""
+    client = _server(request).client
+    return {"load": client.stats.num_requests_running + client.num_waiting}
 
 
 @routes.get("/metrics")
