@@ -191,6 +191,7 @@ def tool_call_grammar(tool_names: list[str], open_tag: str = "<tool_call>", clos
     """A Lark grammar for chapter 10's tool call: the opening tag, a JSON object
     {"name": one of tool_names, "arguments": {...}}, the closing tag."""
     schema = {"type": "object", "properties": {"name": {"enum": list(tool_names)}, "arguments": {"type": "object"}},
-              "required": ["name", "arguments"], "additionalProperties": False}
+              "required": ["name", "arguments"], "additionalProperties": False,
+              "x-guidance": _JSON_OPTIONS}  # %json reads its options from the schema
     return (f"start: {json_module.dumps(open_tag)} call {json_module.dumps(close_tag)}\n"
             f"call: %json {json_module.dumps(schema)}\n")

@@ -418,15 +418,15 @@ def reference_allowed_tokens(prefix, choices, vocab, eos_token_id):
 # Token i's text; id 0 is the end-of-sequence token, a special token with no text.
 _VOCAB = ["", "get", "_", "w", "weather", "e", "time", "t", "add", "a", "d", "dd", "x", "get_", "Get", "addx",
           "_time", "ime"]
-_TOOLS = ["get_weather", "get_time", "add"]
+_TOOL_NAMES = ["get_weather", "get_time", "add"]
 _MASK_CASES = [  # prefix, choices, the allowed ids (worked out by hand), what it shows
-    ("", _TOOLS, {1, 8, 9, 13}, "the start: 'get', 'get_', 'add', 'a'; not 'addx' (past the end), 'Get' or id 0"),
-    ("get", _TOOLS, {2, 16}, "'_' and '_time' continue; 'get' itself is not a choice, so no end yet"),
-    ("get_", _TOOLS, {3, 4, 6, 7}, "two choices still open: tokens towards either one"),
-    ("get_w", _TOOLS, {5}, "only 'e' starts 'eather'"),
-    ("get_weather", _TOOLS, {0}, "a whole choice and nothing longer: only end-of-sequence"),
-    ("a", _TOOLS, {10, 11}, "'d' and 'dd': a token may finish the choice exactly"),
-    ("ad", _TOOLS, {10}, "'d' finishes 'add'"),
+    ("", _TOOL_NAMES, {1, 8, 9, 13}, "the start: 'get', 'get_', 'add', 'a'; not 'addx' (past the end), 'Get' or id 0"),
+    ("get", _TOOL_NAMES, {2, 16}, "'_' and '_time' continue; 'get' itself is not a choice, so no end yet"),
+    ("get_", _TOOL_NAMES, {3, 4, 6, 7}, "two choices still open: tokens towards either one"),
+    ("get_w", _TOOL_NAMES, {5}, "only 'e' starts 'eather'"),
+    ("get_weather", _TOOL_NAMES, {0}, "a whole choice and nothing longer: only end-of-sequence"),
+    ("a", _TOOL_NAMES, {10, 11}, "'d' and 'dd': a token may finish the choice exactly"),
+    ("ad", _TOOL_NAMES, {10}, "'d' finishes 'add'"),
     ("a", ["a", "add"], {0, 10, 11}, "'a' is a whole choice and the start of another: end or go on"),
     ("t", ["t", "time"], {0, 17}, "'t' is whole; 'ime' would make 'time'"),
     ("", ["x"], {12}, "one choice, one token"),
