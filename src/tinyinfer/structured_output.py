@@ -189,8 +189,12 @@ def allowed_token_ids(manager: StructuredOutputManager, params: StructuredOutput
 
 def tool_call_grammar(tool_names: list[str], open_tag: str = "<tool_call>", close_tag: str = "</tool_call>") -> str:
     """A Lark grammar for chapter 10's tool call: the opening tag, a JSON object
-    {"name": one of tool_names, "arguments": {...}}, the closing tag."""
-    schema = {"type": "object", "properties": {"name": {"enum": list(tool_names)}, "arguments": {"type": "object"}},
+    {"name": one of tool_names, "arguments": {key: a string, number or boolean, ...}},
+    the closing tag."""
+    # Flat arguments (strings, numbers, booleans): a small model left free to nest objects
+    # can nest them until max_tokens cuts the call short, and then it does not parse.
+    arguments = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+    schema = {"type": "object", "properties": {"name": {"enum": list(tool_names)}, "arguments": arguments},
               "required": ["name", "arguments"], "additionalProperties": False,
               "x-guidance": _JSON_OPTIONS}  # %json reads its options from the schema
     return (f"start: {json_module.dumps(open_tag)} call {json_module.dumps(close_tag)}\n"
