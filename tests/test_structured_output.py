@@ -216,3 +216,20 @@ def test_the_bitmask_unpacks_bit_i_of_word_w_to_token_32w_plus_i(manager):
     for token in (0, 31, 32, 1000, 49151):
         allowed = manager.allowed([OneToken(token)])
         assert allowed.shape == (1, 49152) and allowed[0].nonzero().flatten().tolist() == [token]
+
+
+def test_the_stored_tool_call_counts_are_stamped_and_the_mask_made_every_call_parse():
+    """The copy lab 10 shows: a named machine and date, an engine stamp its note can read, and
+    counts that say what the lab says they do (the grammar made every call parse, free ones did not)."""
+    from tinyinfer.bench import tool_calls
+
+    report = tool_calls.load()
+    meta, counts = report["meta"], report["counts"]
+    assert meta["date"] and meta["machine"] and len(meta["engine_stamp"]["engine_fingerprint"]) == 16
+    assert counts["constrained"]["parsed"] == counts["constrained"]["total"] == len(tool_calls.QUESTIONS)
+    assert counts["free"]["parsed"] < counts["constrained"]["parsed"]
+    assert all(parse_tool_call(r) is not None for r in counts["constrained"]["replies"])
+    assert "Stored counts: measured" in tool_calls.note(report)
+    today = tool_calls.engine_stamp()
+    older = {**today, "engine_fingerprint": "0" * 16}
+    assert "older engine" in tool_calls.note({**report, "meta": {**meta, "engine_stamp": older}}, today)

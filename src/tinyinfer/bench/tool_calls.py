@@ -48,7 +48,8 @@ def count_parsed(llm) -> dict:
 
 def modules() -> list[str]:
     """The modules behind the counts: the offline API and this file."""
-    return fingerprint.closure([f"{fingerprint.PACKAGE}.llm", __name__])
+    # Named, not __name__: run with -m this file is "__main__", and the stamp must match the imported module's.
+    return fingerprint.closure([f"{fingerprint.PACKAGE}.llm", f"{fingerprint.PACKAGE}.bench.tool_calls"])
 
 
 def engine_stamp() -> dict:
@@ -65,8 +66,9 @@ def note(report: dict, today: dict | None = None) -> str:
         return f"Stored counts: measured {where}, by the same engine code as today's."
     changed = [m.split(" (")[0] for m in fingerprint.changed(meta["engine_stamp"]["engine_modules"],
                                                               today["engine_modules"])]
-    return (f"Stored counts: measured {where}, by an older engine (fingerprint {theirs}; since then "
-            f"{len(changed)} module(s) changed, e.g. {', '.join(changed[:3])}).")
+    named = f": {', '.join(changed[:3])}" + (" and more" if len(changed) > 3 else "") if changed else ""
+    return (f"Stored counts: measured {where}, by an older engine (fingerprint {theirs}; "
+            f"{len(changed)} of its modules have changed since{named}), so today's counts may differ.")
 
 
 def load(path: Path = STORED) -> dict:
