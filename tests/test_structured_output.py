@@ -189,12 +189,19 @@ QUESTIONS = ["What is the weather in Paris?", "What is 2 plus 3?", "Is it rainin
 
 
 def test_every_constrained_greedy_tool_call_of_the_default_model_parses(llm):
-    so = StructuredOutputsParams(grammar=tool_call_grammar(["get_weather", "add"]))
+    # Each tool's arguments as a schema (free-form arguments can go on until max_tokens).
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"],
+            "additionalProperties": False}
+    numbers = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 10**6},
+                                                "b": {"type": "integer", "maximum": 10**6}},
+               "required": ["a", "b"], "additionalProperties": False}
+    so = StructuredOutputsParams(grammar=tool_call_grammar({"get_weather": city, "add": numbers}))
     params = SamplingParams(max_tokens=60, temperature=0, structured_outputs=so)
     outs = llm.chat([[TOOLS_SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS], params)
     for o in outs:
         call = parse_tool_call(o.outputs[0].text)
         assert call is not None and call.name in ("get_weather", "add"), o.outputs[0].text
+        assert set(call.arguments) == ({"city"} if call.name == "get_weather" else {"a", "b"})
     schema_outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
                            SamplingParams(max_tokens=60, temperature=0, structured_outputs=STRUCTURED["json"]))
     assert all(_valid(json.loads(o.outputs[0].text)) for o in schema_outs)

@@ -191,15 +191,24 @@ def allowed_token_ids(manager: StructuredOutputManager, params: StructuredOutput
     return manager.allowed([m])[0].nonzero().flatten().tolist()
 
 
-def tool_call_grammar(tool_names: list[str], open_tag: str = "<tool_call>", close_tag: str = "</tool_call>") -> str:
+def tool_call_grammar(tools: list[str] | dict[str, dict], open_tag: str = "<tool_call>",
+                      close_tag: str = "</tool_call>") -> str:
     """A Lark grammar for chapter 10's tool call: the opening tag, a JSON object
-    {"name": one of tool_names, "arguments": {key: a string, number or boolean, ...}},
-    the closing tag."""
-    # Flat arguments (strings, numbers, booleans): a small model left free to nest objects
-    # can nest them until max_tokens cuts the call short, and then it does not parse.
-    arguments = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
-    schema = {"type": "object", "properties": {"name": {"enum": list(tool_names)}, "arguments": arguments},
-              "required": ["name", "arguments"], "additionalProperties": False,
-              "x-guidance": _JSON_OPTIONS}  # %json reads its options from the schema
+    {"name": ..., "arguments": {...}}, the closing tag. tools: the tool names,
+    each taking flat arguments (strings, numbers, booleans), or {name: the JSON
+    schema of its arguments}, as OpenAI's `tools` give each function's parameters."""
+    if isinstance(tools, dict):
+        schema = {"anyOf": [_call_schema({"const": name}, arguments) for name, arguments in tools.items()]}
+    else:
+        # Flat arguments: a small model left free to nest objects can nest them until
+        # max_tokens cuts the call short, and then it does not parse.
+        flat = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+        schema = _call_schema({"enum": list(tools)}, flat)
+    schema["x-guidance"] = _JSON_OPTIONS  # %json reads its options from the schema
     return (f"start: {json_module.dumps(open_tag)} call {json_module.dumps(close_tag)}\n"
             f"call: %json {json_module.dumps(schema)}\n")
+
+
+def _call_schema(name: dict, arguments: dict) -> dict:
+    return {"type": "object", "properties": {"name": name, "arguments": arguments},
+            "required": ["name", "arguments"], "additionalProperties": False}
