@@ -279,6 +279,13 @@ def _metrics(server) -> dict:
     ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),  # not supported: must be 0
     ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty"),
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream
+    ({"prompt": "hi", "structured_outputs": {"json": {"type": "foo"}}}, 400, "structured_outputs"),  # bad schema
+    ({"prompt": "hi", "structured_outputs": {"regex": "a(b"}}, 400, "structured_outputs"),
+    ({"prompt": "hi", "structured_outputs": {"choice": []}}, 400, "structured_outputs"),
+    ({"prompt": "hi", "structured_outputs": {"guided_json": {}}}, 400, "structured_outputs"),  # removed in vLLM 0.12
+    ({"prompt": "hi", "response_format": {"type": "xml"}}, 400, "response_format"),
+    ({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+     "response_format"),  # no schema
 ])
 def test_bad_completion_requests(server, body, status, param):
     r = post(server, "/v1/completions", body)
@@ -301,6 +308,28 @@ def test_bad_chat_requests(server, body, param):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "rain": {"type": "boolean"}},
+          "required": ["city", "rain"], "additionalProperties": False}
+
+
+def test_structured_outputs_and_response_format_constrain_the_reply(client, ref):
+    """vLLM's extra field and OpenAI's response_format give the offline API's constrained reply."""
+    from tinyinfer.structured_output import StructuredOutputsParams
+
+    messages = [{"role": "user", "content": "Is it raining in Paris? Answer in JSON."}]
+    want = ref.chat(messages, greedy(40, structured_outputs=StructuredOutputsParams(json=SCHEMA)))[0].outputs[0].text
+    assert json.loads(want)["city"] in ("Paris", "Oslo")
+    by_field = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                              extra_body={"structured_outputs": {"json": SCHEMA}})
+    by_format = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                               response_format={"type": "json_schema",
+                                                                "json_schema": {"name": "w", "schema": SCHEMA}})
+    assert by_field.choices[0].message.content == by_format.choices[0].message.content == want
+    choice = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
+                                       extra_body={"structured_outputs": {"choice": ["Paris", "Lyon"]}})
+    assert choice.choices[0].text in ("Paris", "Lyon")
 
 
 def test_unknown_role_is_named_and_known_roles_pass(server, client):

@@ -37,6 +37,7 @@ from .request import Request
 from .sampler import Sampler
 from .sampling import SamplerOutput, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats
+from .structured_output import StructuredOutputManager
 from .tokenizer import Tokenizer
 from .weights import load_model, read_config, resolve_model
 
@@ -92,7 +93,9 @@ class LLMEngine:
         pad_token_id = min(self.eos_token_ids, default=0)  # static batching's padding: never attended to
         self.scheduler, self.model_runner = make_scheduler_and_runner(cfg, model_, self.device, self.dtype,
                                                                       self.kv_bytes_per_token, pad_token_id)
-        self.sampler = Sampler(self.tokenizer.decode)
+        self.structured_output = StructuredOutputManager(folder / "tokenizer.json", self.eos_token_ids,
+                                                         self.model_config.vocab_size)
+        self.sampler = Sampler(self.tokenizer.decode, self.structured_output)
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
         self._ids = itertools.count()
         self.stats = SchedulerStats(block_size=cfg.block_size,
@@ -156,6 +159,8 @@ class LLMEngine:
         p.validate()  # fields may have been changed after construction
         text, ids = self._tokenize(prompt, where)
         check_context_window(len(ids), p.max_tokens, self.max_model_len, where)
+        if p.structured_outputs is not None:
+            self.structured_output.check(p.structured_outputs)  # a bad schema or regex: ValueError now
         rid = str(next(self._ids)) if request_id is None else str(request_id)
         if rid in self.requests:
             raise ValueError(f"request_id={rid!r} is already in use by an unfinished request")

@@ -1,8 +1,10 @@
 """The engine's Sampler: a step's logits in, one token per sequence out.
 
 It runs sampling.py's pipeline over the whole batch at once, keeps what each
-sequence needs from step to step (its random stream, its penalty mask) in a
-slot on the sequence, and reports logprobs when a request asks for them.
+sequence needs from step to step (its random stream, its penalty mask, its
+grammar's matcher) in a slot on the sequence, and reports logprobs when a
+request asks for them. A request with structured_outputs gets a mask first:
+every token its grammar does not allow scores -inf (structured_output.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class SamplingState:
     generator: torch.Generator | None  # a seeded sequence's own random stream (None: torch's global one)
     seen: torch.Tensor | None = None  # [V] mask of the tokens the repetition penalty counts as seen
     num_seen: int = 0  # how many of the sequence's tokens are marked in it
+    matcher: object | None = None  # structured output: the grammar's automaton, moved on by each token drawn
 
 
 class Sampler:
@@ -32,17 +35,19 @@ class Sampler:
                      (torch's global stream);
       seeded rows    one by one, each from its own generator, so a seeded
                      request gets the same tokens whatever else is in the batch.
-    The repetition penalty comes first, for all of them at once."""
+    The repetition penalty comes first, for all of them at once, then the
+    grammar mask of the rows that ask for structured output."""
 
-    def __init__(self, decode=None):
+    def __init__(self, decode=None, structured_output=None):
         self.decode = decode  # token ids -> text, for Logprob.decoded_token (None: no text)
+        self.structured_output = structured_output  # a StructuredOutputManager (None: no grammars)
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list, prompt_logits: list | None = None) -> SamplerOutput:
         """logits [M, V]: row i is seqs[i]'s. prompt_logits: model_runner.PromptLogits
         records, the logits of the prompt positions a step computed."""
         raw = logits.float()
-        processed = self.apply_penalties(raw, seqs)
+        processed = self.apply_grammar(self.apply_penalties(raw, seqs), raw, seqs)
         tokens = [0] * len(seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         unseeded = [i for i, s in enumerate(seqs) if not s.params.greedy and s.params.seed is None]
@@ -57,6 +62,7 @@ class Sampler:
                 tokens[i] = t
         for i in seeded:  # one at a time, each from its own stream, which no other row touches
             tokens[i] = sample(processed[i], seqs[i].params, self.state(seqs[i], raw.device).generator)
+        self.advance_grammar(seqs, tokens)
         prompt = [PromptLogprobs(p.seq, p.start, self.prompt_logprobs(p.seq, p.start, p.logits))
                   for p in prompt_logits or []]
         return SamplerOutput(tokens, self._logprobs(raw, seqs, tokens), prompt)
@@ -80,6 +86,34 @@ class Sampler:
         processed = raw.clone()
         processed[rows] = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
         return processed
+
+    def apply_grammar(self, processed: torch.Tensor, raw: torch.Tensor, seqs: list) -> torch.Tensor:
+        """-inf for every token a structured row's grammar does not allow next,
+        one [rows, V] mask for all of them. raw stays as it was: logprobs are
+        reported from the model's own distribution, as vLLM does."""
+        rows = [i for i, s in enumerate(seqs) if s.params.structured_outputs is not None]
+        if not rows:
+            return processed
+        if self.structured_output is None:
+            raise ValueError("structured_outputs: this sampler has no StructuredOutputManager")
+        allowed = self.structured_output.allowed([self.matcher(seqs[i], raw.device) for i in rows])
+        if processed is raw:
+            processed = raw.clone()
+        processed[rows] = processed[rows].masked_fill(~allowed.to(processed.device), -float("inf"))
+        return processed
+
+    def matcher(self, seq, device):
+        """seq's grammar matcher, made on first use: each of n samples has its own."""
+        st = self.state(seq, device)
+        if st.matcher is None:
+            st.matcher = self.structured_output.matcher(seq.params.structured_outputs)
+        return st.matcher
+
+    def advance_grammar(self, seqs: list, tokens: list[int]) -> None:
+        """Move each structured row's matcher on by the token it drew."""
+        for seq, token in zip(seqs, tokens):
+            if seq.params.structured_outputs is not None:
+                seq.sampling_state.matcher.consume_token(token)
 
     def seen_mask(self, seq, vocab_size: int, device=None) -> torch.Tensor:
         """The tokens the repetition penalty counts as seen (prompt + output), as a

@@ -18,6 +18,7 @@ import torch
 
 from .checks import is_int, is_number, require
 from .outputs import PositionLogprobs
+from .structured_output import StructuredOutputsParams
 
 _INF = float("inf")
 
@@ -39,8 +40,11 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the reply must follow (structured_output.py)
 
     def __post_init__(self):
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -64,6 +68,10 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             check(value is None or (is_int(value) and value >= 0), name, "None or an integer >= 0")
+        check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+              "structured_outputs", "None or a StructuredOutputsParams")
+        if self.structured_outputs is not None:
+            self.structured_outputs.validate()
 
     @property
     def greedy(self) -> bool:

@@ -240,12 +240,54 @@ WRONG_CHOICES = [
     # ^ picks the first option when none can be priced, instead of None
 ]
 
+# ------------------------------------------------------------ allowed_tokens
+
+
+def _allowed(prefix, choices, vocab, eos, *, overshoot=False, empty=False, end="whole", ignore_prefix=False,
+             strict=False, first_only=False, fold=False):
+    """A correct mask row with every default; each wrong one below changes one decision."""
+    def norm(text):
+        return text.lower() if fold else text
+    open_choices = [c for c in choices if norm(c).startswith(norm(prefix))]
+    if first_only:
+        open_choices = open_choices[:1]
+    out = set()
+    for i, text in enumerate(vocab):
+        if not text and not empty:
+            continue
+        head = text if ignore_prefix else prefix + text
+        for c in open_choices:
+            fits = norm(c).startswith(norm(head)) and (len(head) < len(c) or not strict)
+            if fits or (overshoot and head.startswith(c)):
+                out.add(i)
+    if end == "always" or (end == "whole" and prefix in choices):
+        out.add(eos)
+    if end == "only" and prefix in choices:
+        out = {eos}
+    return out
+
+
+WRONG_MASKS = [
+    lambda p, c, v, e: _allowed(p, c, v, e, overshoot=True),  # a token that runs past the choice's end
+    lambda p, c, v, e: _allowed(p, c, v, e, empty=True),  # a token with no text (a special token)
+    lambda p, c, v, e: _allowed(p, c, v, e, end="never"),  # never lets the reply end
+    lambda p, c, v, e: _allowed(p, c, v, e, end="always"),  # lets it end anywhere
+    lambda p, c, v, e: _allowed(p, c, v, e, end="only"),  # a whole choice must end, though a longer one goes on
+    lambda p, c, v, e: _allowed(p, c, v, e, ignore_prefix=True),  # tests the token against the choice's start
+    lambda p, c, v, e: _allowed(p, c, v, e, strict=True),  # no token may finish a choice exactly
+    lambda p, c, v, e: _allowed(p, c, v, e, first_only=True),  # only the first choice that still fits
+    lambda p, c, v, e: _allowed(p, c, v, e, fold=True),  # case-insensitive: 'Get' passes
+    lambda p, c, v, e: sorted(_allowed(p, c, v, e)),  # a list, not a set
+    lambda p, c, v, e: {v[i] for i in _allowed(p, c, v, e)},  # the tokens' texts, not their ids
+]
+
 WRONG = {
     "check_parse_tool_call": [_needs_closing_tag, _json_loads_everything, _no_validation, _last_call, _bare_json_too,
                               _arguments_none],
     "check_run_agent": WRONG_AGENTS,
     "check_select_context": WRONG_SELECTORS,
     "check_cheapest_option": WRONG_CHOICES,
+    "check_allowed_tokens": WRONG_MASKS,
 }
 # Correct implementations, written here: each helper above with its defaults.
 REFERENCE = {
@@ -253,10 +295,12 @@ REFERENCE = {
     "check_run_agent": lambda: _loop,
     "check_select_context": lambda: _select,
     "check_cheapest_option": lambda: _cheapest,
+    "check_allowed_tokens": lambda: _allowed,
 }
 ANSWERS = {
     "check_parse_tool_call": [labcheck.reference_parse_tool_call, tools.parse_tool_call],
     "check_run_agent": [labcheck.reference_run_agent, tools.run_agent],
     "check_select_context": [labcheck.reference_select_context, context.select_context],
     "check_cheapest_option": [labcheck.reference_cheapest_option],
+    "check_allowed_tokens": [labcheck.reference_allowed_tokens],
 }

@@ -1,5 +1,6 @@
 """Lab 10 (beyond one reply): checks for reading a tool call, the agent loop,
-a context selector, and the cheaper way to serve a workload, from a step log.
+a context selector, the cheaper way to serve a workload, from a step log, and
+one row of a structured-output mask.
 
 Every expected value here is written out by hand (or, for the agent loop,
 assembled from each case's script), never computed by the function under test
@@ -11,7 +12,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from .. import context, cost
+from .. import context, cost, structured_output
 from .. import tools as agent_tools
 from .core import Case, first_mismatch, run_check
 from .registry import Lab
@@ -402,10 +403,55 @@ def check_cheapest_option(fn) -> bool:
                      forbidden=(reference_cheapest_option, cost.token_costs))
 
 
+# ---------------------------------------------------------------- exercise 5: one row of a choice mask
+
+
+def reference_allowed_tokens(prefix, choices, vocab, eos_token_id):
+    """The course's answer to lab 10's allowed_tokens exercise: the tokens whose
+    text keeps the reply the start of a choice, plus end-of-sequence once the
+    reply is a whole choice. Tokens with no text (special tokens) never move the
+    reply on, so they are never allowed."""
+    allowed = {i for i, text in enumerate(vocab) if text and any(c.startswith(prefix + text) for c in choices)}
+    return allowed | ({eos_token_id} if prefix in choices else set())
+
+
+# Token i's text; id 0 is the end-of-sequence token, a special token with no text.
+_VOCAB = ["", "get", "_", "w", "weather", "e", "time", "t", "add", "a", "d", "dd", "x", "get_", "Get", "addx",
+          "_time", "ime"]
+_TOOL_NAMES = ["get_weather", "get_time", "add"]
+_MASK_CASES = [  # prefix, choices, the allowed ids (worked out by hand), what it shows
+    ("", _TOOL_NAMES, {1, 8, 9, 13}, "the start: 'get', 'get_', 'add', 'a'; not 'addx' (past the end), 'Get' or id 0"),
+    ("get", _TOOL_NAMES, {2, 16}, "'_' and '_time' continue; 'get' itself is not a choice, so no end yet"),
+    ("get_", _TOOL_NAMES, {3, 4, 6, 7}, "two choices still open: tokens towards either one"),
+    ("get_w", _TOOL_NAMES, {5}, "only 'e' starts 'eather'"),
+    ("get_weather", _TOOL_NAMES, {0}, "a whole choice and nothing longer: only end-of-sequence"),
+    ("a", _TOOL_NAMES, {10, 11}, "'d' and 'dd': a token may finish the choice exactly"),
+    ("ad", _TOOL_NAMES, {10}, "'d' finishes 'add'"),
+    ("a", ["a", "add"], {0, 10, 11}, "'a' is a whole choice and the start of another: end or go on"),
+    ("t", ["t", "time"], {0, 17}, "'t' is whole; 'ime' would make 'time'"),
+    ("", ["x"], {12}, "one choice, one token"),
+]
+
+
+def _same_ids(got, want) -> bool:
+    return isinstance(got, (set, frozenset)) and all(isinstance(t, int) for t in got) and set(got) == want
+
+
+def check_allowed_tokens(fn) -> bool:
+    """fn(prefix, choices, vocab, eos_token_id) -> the set of token ids the mask lets through."""
+    def cases():
+        return [Case((prefix, list(choices), list(_VOCAB), 0), want,
+                     f"prefix={prefix!r}, choices={choices}, vocab={_VOCAB} (id 0 is end-of-sequence)  ({note})")
+                for prefix, choices, want, note in _MASK_CASES]
+    return run_check("allowed_tokens", fn, cases, same=_same_ids,
+                     forbidden=(reference_allowed_tokens, structured_output.allowed_token_ids))
+
+
 LAB = Lab(10, "beyond one reply",
           exports=("check_parse_tool_call", "check_run_agent", "check_select_context", "check_cheapest_option",
-                   "reference_parse_tool_call", "reference_run_agent", "reference_select_context",
-                   "reference_cheapest_option"),
+                   "check_allowed_tokens", "reference_parse_tool_call", "reference_run_agent",
+                   "reference_select_context", "reference_cheapest_option", "reference_allowed_tokens"),
           fallbacks={"check_parse_tool_call": reference_parse_tool_call, "check_run_agent": reference_run_agent,
                      "check_select_context": reference_select_context,
-                     "check_cheapest_option": reference_cheapest_option})
+                     "check_cheapest_option": reference_cheapest_option,
+                     "check_allowed_tokens": reference_allowed_tokens})

@@ -345,7 +345,8 @@ def _as_400(fn, param: str | None = None):
 
 
 def _param(message: str, default: str | None) -> str | None:
-    named = re.match(r"SamplingParams\.(\w+)", message)
+    named = (re.match(r"SamplingParams\.(\w+)", message)
+             or re.match(r"(structured_outputs|response_format)\b", message))
     return named.group(1) if named else default
 
 

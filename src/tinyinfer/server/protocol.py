@@ -1,8 +1,8 @@
 """The OpenAI wire format: request models (validated by pydantic) and the
 JSON shapes of responses and streamed chunks.
 
-Field names follow OpenAI's API; top_k, min_p, repetition_penalty, ignore_eos and
-stop_token_ids are vLLM's extensions to it. A response is built from the
+Field names follow OpenAI's API; top_k, min_p, repetition_penalty, ignore_eos,
+stop_token_ids and structured_outputs are vLLM's extensions to it. A response is built from the
 engine core's RequestDeltas (messages.py), so this file is where "what the
 engine produced" turns into "what the client reads".
 """
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..outputs import PositionLogprobs
 from ..sampling import SamplingParams
+from ..structured_output import StructuredOutputsParams
 from .messages import ChatPrompt, RequestDelta, Usage
 
 
@@ -44,6 +45,8 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     stream: bool = False
     stream_options: StreamOptions | None = None
+    structured_outputs: dict | None = None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
+    response_format: dict | None = None  # OpenAI's: {"type": "text" | "json_object" | "json_schema", ...}
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for a valid-looking request this engine cannot honour."""
@@ -71,7 +74,29 @@ class _SamplingFields(BaseModel):
             seed=self.seed,
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
+            structured_outputs=self.structured(),
         )
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The grammar asked for, by vLLM's field or by OpenAI's response_format
+        (one or the other). Raises ValueError naming the field."""
+        if self.structured_outputs is not None and self.response_format is not None:
+            raise ValueError("response_format: give structured_outputs or response_format, not both")
+        if self.structured_outputs is not None:
+            return StructuredOutputsParams.from_dict(self.structured_outputs)
+        if self.response_format is None:
+            return None
+        kind = self.response_format.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if kind == "json_schema":
+            schema = (self.response_format.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ValueError("response_format.json_schema.schema: expected a JSON schema object")
+            return StructuredOutputsParams(json=schema)
+        raise ValueError(f"response_format.type={kind!r} is invalid: must be one of text, json_object, json_schema")
 
     @property
     def include_usage(self) -> bool:
