@@ -20,9 +20,12 @@ cache holds keys in the model's dtype whatever kv_cache_dtype says):
   harshest of the three.
 
 A report is JSON: meta (date, cpu, cores, threads, model, window, max_tokens,
-prompts, engine_stamp: fingerprint.stamp of the modules this file imports) and
+prompts, engine_stamp: fingerprint.stamp of the modules this file imports);
 rows, one per dtype: {dtype, bytes_per_token: {auto, int8}, perplexity: {auto,
-int8}, next_token_agreement, greedy: {agreement, first_difference}}.
+int8}, scored_tokens, next_token_agreement, greedy: {agreement,
+first_difference}}; and reference: the same two agreements between each
+further dtype's "auto" run and the first dtype's, for scale (how far bf16
+parts from fp32 with no int8 involved).
 """
 from __future__ import annotations
 
@@ -101,7 +104,7 @@ def measure(model: str = "smollm2-135m-instruct", dtypes=("float32", "bfloat16")
     from ..eval import eval_text
     from ..llm import LLM
 
-    rows = []
+    rows, autos = [], {}
     for dtype in dtypes:
         runs = {}
         for kv in ("auto", "int8"):
@@ -112,20 +115,24 @@ def measure(model: str = "smollm2-135m-instruct", dtypes=("float32", "bfloat16")
             runs[kv] = dict(bytes_per_token=llm.llm_engine.kv_bytes_per_token, logprobs=logprobs, best=best,
                             replies=greedy_replies(llm, prompts, max_tokens))
             del llm
-        auto, int8 = runs["auto"], runs["int8"]
-        agreement, first = greedy_agreement(auto["replies"], int8["replies"])
-        rows.append({
-            "dtype": dtype,
-            "bytes_per_token": {kv: r["bytes_per_token"] for kv, r in runs.items()},
-            "perplexity": {kv: math.exp(-sum(r["logprobs"]) / len(r["logprobs"])) for kv, r in runs.items()},
-            "scored_tokens": len(auto["logprobs"]),
-            "next_token_agreement": sum(a == b for a, b in zip(auto["best"], int8["best"])) / len(auto["best"]),
-            "greedy": {"agreement": agreement, "first_difference": first},
-        })
+        autos[dtype] = runs["auto"]
+        rows.append({"dtype": dtype, "bytes_per_token": {kv: r["bytes_per_token"] for kv, r in runs.items()},
+                     "perplexity": {kv: math.exp(-sum(r["logprobs"]) / len(r["logprobs"])) for kv, r in runs.items()},
+                     "scored_tokens": len(runs["auto"]["logprobs"]), **agreements(runs["auto"], runs["int8"])})
+    # For scale: how far two model dtypes part, both with the "auto" cache.
+    reference = [{"compared": f"{d} vs {dtypes[0]}, both auto", **agreements(autos[dtypes[0]], autos[d])}
+                 for d in dtypes[1:]]
     meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "model": model, "window": window, "max_tokens": max_tokens,
             "prompts": list(prompts), "engine_stamp": engine_stamp()}
-    return {"meta": meta, "rows": rows}
+    return {"meta": meta, "rows": rows, "reference": reference}
+
+
+def agreements(a: dict, b: dict) -> dict:
+    """Next-token and greedy agreement between two runs of measure()."""
+    agreement, first = greedy_agreement(a["replies"], b["replies"])
+    return {"next_token_agreement": sum(x == y for x, y in zip(a["best"], b["best"])) / len(a["best"]),
+            "greedy": {"agreement": agreement, "first_difference": first}}
 
 
 # ------------------------------------------------------------------ reading a report
@@ -143,6 +150,10 @@ def table(report: dict) -> str:
         ppl, g = r["perplexity"], r["greedy"]
         lines.append(f"| {r['dtype']} | {ppl['auto']:.3f} | {ppl['int8']:.3f} | {r['next_token_agreement']:.1%} | "
                      f"{g['agreement']:.0%} | {', '.join(map(str, g['first_difference']))} |")
+    for r in report.get("reference", []):
+        g = r["greedy"]
+        lines.append(f"| {r['compared']} | | | {r['next_token_agreement']:.1%} | {g['agreement']:.0%} | "
+                     f"{', '.join(map(str, g['first_difference']))} |")
     return "\n".join(lines)
 
 
