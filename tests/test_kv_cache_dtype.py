@@ -224,3 +224,26 @@ def test_the_server_and_the_terminal_take_the_flag(tiny_dir):
     with pytest.raises(ValueError, match="kv_cache_dtype='fp8' is invalid"):
         EngineConfig.from_cli_args(p.parse_args(["--kv-cache-dtype", "fp8"]))
     assert "kv_cache_dtype" in cli.ENGINE_FLAGS  # generate and chat take it too
+
+
+# --- the stored report --------------------------------------------------------------------
+
+
+def test_the_stored_report_renders_with_its_engine_note():
+    from tinyinfer.bench import kv_cache_dtype as kvq
+
+    report = kvq.load()
+    meta = report["meta"]
+    assert meta["cpu"] and meta["engine_stamp"]["engine_fingerprint"] and meta["engine_stamp"]["engine_modules"]
+    assert [r["dtype"] for r in report["rows"]] == ["float32", "bfloat16"] and report["reference"]
+    for row in report["rows"]:
+        assert row["bytes_per_token"] == {kv: memory.engine_kv_bytes_per_token(meta["model"], row["dtype"], kv)
+                                          for kv in ("auto", "int8")}
+    table = kvq.table(report)
+    assert table.count("\n") == 2 + len(report["rows"]) + len(report["reference"])
+    same = kvq.engine_note(report, today=meta["engine_stamp"])
+    assert "the same code as today's engine" in same and meta["cpu"] in same
+    today = {"engine_fingerprint": "0" * 16,
+             "engine_modules": {**meta["engine_stamp"]["engine_modules"], "tinyinfer.kv_quant": "changed!"}}
+    older = kvq.engine_note(report, today=today)
+    assert "older engine" in older and "kv_quant" in older
