@@ -240,7 +240,7 @@ def test_the_stored_report_renders_with_its_engine_note():
         assert row["bytes_per_token"] == {kv: memory.engine_kv_bytes_per_token(meta["model"], row["dtype"], kv)
                                           for kv in ("auto", "int8")}
     table = kvq.table(report)
-    assert table.count("\n") == 2 + len(report["rows"]) + len(report["reference"])
+    assert len(table.splitlines()) == 2 + len(report["rows"]) + len(report["reference"])  # header, rule, rows
     same = kvq.engine_note(report, today=meta["engine_stamp"])
     assert "the same code as today's engine" in same and meta["cpu"] in same
     today = {"engine_fingerprint": "0" * 16,
