@@ -131,6 +131,22 @@ GROUP_SIZES = (32, 64, 128)
 LM_HEAD_QUANTIZATIONS = (None, "int8")
 
 
+# The KV pool's storage (kv_quant.py): "auto", the model's dtype, or "int8" with
+# one float32 scale per token and KV head. vLLM's option of the same name takes
+# "auto", "fp8", ...
+KV_CACHE_DTYPES = ("auto", "int8")
+KV_SCALE_BYTES = 4  # one float32 scale per head_dim numbers, for K and for V
+
+
+def kv_cache_bytes_per_value(kv_cache_dtype: str, dtype_bytes: float, head_dim: int) -> float:
+    """Bytes the pool spends per cached number: the model's dtype_bytes with
+    "auto"; with "int8", 1 byte plus a share of the vector's scale. Times
+    kv_bytes_per_token's count of numbers, that is the pool's bytes per token,
+    scales included (2 x layers x KV heads x (head_dim + 4) for int8)."""
+    check_choice("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+    return dtype_bytes if kv_cache_dtype == "auto" else 1 + KV_SCALE_BYTES / head_dim
+
+
 def check_quantization(method, group_size) -> None:
     """Refuse a quantization method or group size, naming the field and its allowed values."""
     if method not in QUANT_METHODS:
@@ -171,6 +187,8 @@ class EngineConfig:
     lm_head_quantization: str | None = _opt(None, "the LM head in int8, a copy beside the tied embedding (as GGUF "
                                                   "files keep it, in Q8_0): one sequence's decode step reads it in "
                                                   "1 byte per weight (default: the model's dtype)")
+    kv_cache_dtype: str = _opt("auto", "the KV pool's storage: auto (the model's dtype) or int8 (one scale per "
+                                       "token and KV head; about twice a bf16 pool's tokens in the same memory)")
     enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile (on a CUDA "
                                      "GPU: records them as CUDA graphs): faster steps, after a minute or two of "
                                      "compiling when the engine starts (seconds of recording on a GPU)")
@@ -194,6 +212,10 @@ class EngineConfig:
         if self.quantization is not None or self.group_size != 128:
             check_quantization(self.quantization or "int4", self.group_size)
         check_choice("lm_head_quantization", self.lm_head_quantization, LM_HEAD_QUANTIZATIONS)
+        check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if self.kv_cache_dtype != "auto" and self.scheduling == "static":  # its contiguous cache has one format
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid with scheduling='static': the "
+                             "quantized cache is the paged pool's; use scheduling='continuous'")
         if not self.enforce_eager and self.scheduling == "static":  # the baseline stays as chapter 7 measures it
             raise ValueError("enforce_eager=False is invalid with scheduling='static': compiled decode steps "
                              "run on the paged cache; use scheduling='continuous'")

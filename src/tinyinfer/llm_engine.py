@@ -29,7 +29,8 @@ import torch
 
 from .block_manager import BlockManager
 from .checks import check_context_window, check_prompt_ids
-from .config import EngineConfig, ModelConfig, kv_pool_blocks, resolve_device, resolve_dtype
+from .config import (EngineConfig, ModelConfig, kv_cache_bytes_per_value, kv_pool_blocks, resolve_device,
+                     resolve_dtype)
 from .model_runner import ModelOutput, ModelRunner
 from .outputs import RequestOutput
 from .prepare import prepare_model
@@ -89,7 +90,9 @@ class LLMEngine:
         self.eos_token_ids = self.tokenizer.eos_token_ids(self.model_config)
         model_ = prepare_model(load_model(folder, self.dtype, self.device), self.device, cfg.quantization,
                                cfg.group_size, cfg.lm_head_quantization)  # quantize, then kernel layouts: once
-        self.kv_bytes_per_token = int(self.model_config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8))
+        # What the pool spends per token, int8's scales included: it sizes the pool (kv_pool_blocks).
+        self.kv_bytes_per_token = round(self.model_config.kv_bytes_per_token(kv_cache_bytes_per_value(
+            cfg.kv_cache_dtype, self.dtype.itemsize, self.model_config.head_dim)))
         pad_token_id = min(self.eos_token_ids, default=0)  # static batching's padding: never attended to
         self.scheduler, self.model_runner = make_scheduler_and_runner(cfg, model_, self.device, self.dtype,
                                                                       self.kv_bytes_per_token, pad_token_id)
@@ -254,7 +257,8 @@ def make_scheduler_and_runner(cfg: EngineConfig, model: LlamaForCausalLM, device
                 StaticModelRunner(model, device, dtype, pad_token_id))
     num_blocks = kv_pool_blocks(cfg, device, kv_bytes_per_token)  # after loading: on a GPU, what the model leaves
     block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-    runner = ModelRunner(model, device, dtype, num_blocks, cfg.block_size, cfg.enforce_eager, cfg.max_num_seqs)
+    runner = ModelRunner(model, device, dtype, num_blocks, cfg.block_size, cfg.enforce_eager, cfg.max_num_seqs,
+                         cfg.kv_cache_dtype)
     runner.compile_or_warm_up_model()  # enforce_eager=False: compile now, not mid-request
     return Scheduler(sched_config, block_manager, kv_bytes_per_token), runner
 

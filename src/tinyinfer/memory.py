@@ -256,6 +256,36 @@ def estimate(model=None, *, context_tokens: int = 4096, num_requests: int = 1,
     )
 
 
+# ------------------------------------------------------------------ the engine's pool
+
+
+POOL_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def engine_kv_bytes_per_token(model, dtype: str = "float32", kv_cache_dtype: str = "auto") -> int:
+    """Bytes tinyinfer's paged pool spends per token for `model` (as load_config
+    reads it) run in `dtype`: the formula above with the model's bytes per
+    value ("auto"), or with int8's 1 byte plus its float32 scale, one per
+    head_dim numbers (kv_quant.py). Unlike estimate(), the scales are counted:
+    the engine sizes its pool with this number (LLMEngine.kv_bytes_per_token)."""
+    from .config import kv_cache_bytes_per_value
+
+    if dtype not in POOL_DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(POOL_DTYPE_BYTES)}; got {dtype!r}")
+    c = load_config(model)
+    return round(c.kv_bytes_per_token(kv_cache_bytes_per_value(kv_cache_dtype, POOL_DTYPE_BYTES[dtype], c.head_dim)))
+
+
+def pool_capacity(model, pool_bytes: int, dtype: str = "float32", kv_cache_dtype: str = "auto",
+                  block_size: int = 16) -> tuple[int, int]:
+    """(blocks, tokens) that a pool of pool_bytes holds, whole blocks only, as
+    the engine counts them from kv_cache_memory_bytes (config.kv_pool_blocks)."""
+    pool_bytes = _number(pool_bytes, "pool_bytes", 1, 1e15, integer=True)
+    block_size = _number(block_size, "block_size", 1, 1_000_000, integer=True)
+    blocks = pool_bytes // (engine_kv_bytes_per_token(model, dtype, kv_cache_dtype) * block_size)
+    return blocks, blocks * block_size
+
+
 # ------------------------------------------------------------------ printing
 
 

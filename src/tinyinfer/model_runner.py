@@ -93,7 +93,8 @@ def _check_same_cache_shape(old, new) -> None:
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 enforce_eager: bool = True, max_num_seqs: int = 16, graph_backend=None):
+                 enforce_eager: bool = True, max_num_seqs: int = 16, kv_cache_dtype: str = "auto",
+                 graph_backend=None):
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
@@ -101,7 +102,7 @@ class ModelRunner:
         self._compiled_model = None  # made by compile_or_warm_up_model when enforce_eager is False
         # One block more than the BlockManager hands out: padded rows of a
         # fixed-size decode step write there, and no sequence ever reads it.
-        self.paged_cache = PagedKVCache(model.config, num_blocks + 1, block_size, dtype, device)
+        self.paged_cache = PagedKVCache(model.config, num_blocks + 1, block_size, dtype, device, kv_cache_dtype)
         self.capture_sizes = capture_sizes(max_num_seqs)  # the decode batch sizes that run compiled
         max_blocks = -(-model.config.max_position_embeddings // block_size)
         self.decode_buffers = DecodeBuffers(self.capture_sizes[-1], max_blocks, block_size, num_blocks, device)

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from .checks import check_choice
+from .config import KV_CACHE_DTYPES, ModelConfig
+from .kv_quant import SCALE_DTYPE, dequantize, quantize_per_head
 
 
 def slot_ids(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -131,44 +133,88 @@ class DecodeMetadata:
 
 
 class PagedKVCache:
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype, device):
+    """The pool. kv_cache_dtype="auto" stores keys and values in the model's
+    dtype; "int8" stores them as int8 with one scale per token and KV head
+    (kv_quant.py), about half a bf16 pool's bytes and a quarter of an fp32 one's."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype, device,
+                 kv_cache_dtype: str = "auto"):
+        check_choice("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         shape = (config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+        self.quantized = kv_cache_dtype == "int8"
+        self.dtype = dtype  # what attention computes in: int8 values are turned back into it as they are read
         # Zeros, not empty: masked-out slots are still multiplied by 0 in attention,
         # and uninitialised memory could hold NaN bit patterns (NaN * 0 = NaN).
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        store = torch.int8 if self.quantized else dtype
+        self.k = torch.zeros(shape, dtype=store, device=device)
+        self.v = torch.zeros(shape, dtype=store, device=device)
         # One [slots, Hkv, D] view per layer, made once: attention runs every step.
         self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
+        self.tensors = [self.k, self.v]  # everything a block holds: copied and swapped together
+        if self.quantized:  # one scale per slot and KV head: [layers, slots, Hkv, 1]
+            self.k_scale = torch.zeros(shape[:3] + (1,), dtype=SCALE_DTYPE, device=device)
+            self.v_scale = torch.zeros(shape[:3] + (1,), dtype=SCALE_DTYPE, device=device)
+            self.k_scale_layers, self.v_scale_layers = self.k_scale.unbind(0), self.v_scale.unbind(0)
+            self.tensors += [self.k_scale, self.v_scale]
         self.num_blocks, self.block_size = num_blocks, block_size
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        """The pool's bytes, scales included."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate block src into block dst in every layer."""
         bs = self.block_size
         for src, dst in copies:
-            self.k[:, dst * bs : (dst + 1) * bs] = self.k[:, src * bs : (src + 1) * bs]
-            self.v[:, dst * bs : (dst + 1) * bs] = self.v[:, src * bs : (src + 1) * bs]
+            for t in self.tensors:
+                t[:, dst * bs : (dst + 1) * bs] = t[:, src * bs : (src + 1) * bs]
 
     def _slots(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         pos = torch.arange(num_tokens)
         table = torch.tensor(block_table, dtype=torch.long)
         return slot_ids(table, pos, self.block_size).to(self.k.device)
 
-    def swap_out(self, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy a sequence's first num_tokens keys and values to host memory."""
+    def swap_out(self, block_table: list[int], num_tokens: int) -> tuple[torch.Tensor, ...]:
+        """Copy a sequence's first num_tokens keys and values (and their scales,
+        in int8) to host memory, as they are stored: no de-quantizing."""
         slots = self._slots(block_table, num_tokens)
         pin = self.k.device.type == "cuda"  # page-locked memory copies back faster
-        return self.k[:, slots].to("cpu").pin_memory() if pin else self.k[:, slots].clone(), \
-            self.v[:, slots].to("cpu").pin_memory() if pin else self.v[:, slots].clone()
+        return tuple(t[:, slots].to("cpu").pin_memory() if pin else t[:, slots].clone() for t in self.tensors)
 
-    def swap_in(self, block_table: list[int], kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def swap_in(self, block_table: list[int], kv: tuple[torch.Tensor, ...]) -> None:
         """Write keys and values saved by swap_out into a sequence's new blocks."""
-        k, v = kv
-        slots = self._slots(block_table, k.shape[1])
-        self.k[:, slots] = k.to(self.k.device, non_blocking=True)
-        self.v[:, slots] = v.to(self.v.device, non_blocking=True)
+        slots = self._slots(block_table, kv[0].shape[1])
+        for t, saved in zip(self.tensors, kv, strict=True):
+            t[:, slots] = saved.to(t.device, non_blocking=True)
+
+    def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new tokens' keys and values, k and v [N, Hkv, D], in their
+        slots (int8: quantized on the way in). index_copy_ and index_select do
+        what `pool[slots] = x` and `pool[slots]` do, with one fast row copy per
+        slot instead of general advanced indexing: 3-4x faster on CPU."""
+        if self.quantized:
+            k, k_scale = quantize_per_head(k)
+            v, v_scale = quantize_per_head(v)
+            self.k_scale_layers[layer].index_copy_(0, slots, k_scale)
+            self.v_scale_layers[layer].index_copy_(0, slots, v_scale)
+        self.k_layers[layer].index_copy_(0, slots, k)
+        self.v_layers[layer].index_copy_(0, slots, v)
+
+    def _read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of these slots, [len(slots), Hkv, D], in the
+        model's dtype. Attention reads the pool through the block tables and
+        takes the stored numbers as they are, with one exception: an int8 pool
+        must be de-quantized before attention can use it, so its rows become a
+        new tensor in the model's dtype (int8 x scale), made in every layer at
+        every step and dropped after it. (This PyTorch version copies the rows
+        out of the pool in any case, index_select; a fused kernel such as
+        vLLM's would de-quantize in registers, never writing that copy out.)"""
+        keys = self.k_layers[layer].index_select(0, slots)
+        values = self.v_layers[layer].index_select(0, slots)
+        if not self.quantized:
+            return keys, values
+        return (dequantize(keys, self.k_scale_layers[layer].index_select(0, slots), self.dtype),
+                dequantize(values, self.v_scale_layers[layer].index_select(0, slots), self.dtype))
 
     def visible_length(self, positions: torch.Tensor) -> int:
         """model.KVCacheLike asks for it when a caller passes no metadata; a paged
@@ -180,15 +226,11 @@ class PagedKVCache:
                meta: PagedAttentionMetadata) -> torch.Tensor:
         """q [1, N, H, D], k and v [1, N, Hkv, D] for the N packed tokens.
         Returns [1, N, H*D]."""
-        k_pool, v_pool = self.k_layers[layer], self.v_layers[layer]  # [slots, Hkv, D]
         if isinstance(meta, DecodeMetadata):
-            return self._attend_decode(k_pool, v_pool, q, k, v, meta)
-        # 1. write the new keys and values into their slots. (index_copy_ and
-        # index_select below do what `pool[slots] = x` and `pool[slots]` do, with
-        # one fast row copy per slot instead of general advanced indexing: 3-4x
-        # faster on CPU, and the gathers are most of attention's cost here.)
-        k_pool.index_copy_(0, meta.slot_mapping, k[0])
-        v_pool.index_copy_(0, meta.slot_mapping, v[0])
+            return self._attend_decode(layer, q, k, v, meta)
+        # 1. write the new keys and values into their slots (the gathers of
+        # step 2 are most of attention's cost here)
+        self._write(layer, meta.slot_mapping, k[0], v[0])
         N, H, D = q.shape[1], q.shape[2], q.shape[3]
         Hkv = k.shape[2]
         single = len(meta.groups) == 1  # one group covers all N tokens, in flat-row order
@@ -196,8 +238,9 @@ class PagedKVCache:
         for g in meta.groups:
             b, t, S = g.num_seqs, g.query_len, g.num_keys
             # 2. read the group's keys and values through the block tables
-            keys = k_pool.index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)  # [b, Hkv, S, D]
-            values = v_pool.index_select(0, g.key_slots).view(b, S, Hkv, D).transpose(1, 2)
+            keys, values = self._read(layer, g.key_slots)
+            keys = keys.view(b, S, Hkv, D).transpose(1, 2)  # [b, Hkv, S, D]
+            values = values.view(b, S, Hkv, D).transpose(1, 2)
             # 3. the group's queries, [b, t, H, D]
             queries = (q[0] if single else q[0].index_select(0, g.token_index)).view(b, t, H, D)
             if t == 1:
@@ -216,17 +259,16 @@ class PagedKVCache:
             out.index_copy_(0, g.token_index, o)
         return out[None]
 
-    def _attend_decode(self, k_pool, v_pool, q, k, v, meta: DecodeMetadata) -> torch.Tensor:
+    def _attend_decode(self, layer: int, q, k, v, meta: DecodeMetadata) -> torch.Tensor:
         """attend() for a fixed-size decode step: one query per row, one call
         for the whole batch whatever its contexts. (The groups above save the
         gather of a short context beside a long one; a compiled step wants one
         shape instead, and pays for reading every row up to the longest.)"""
         P, H, D = q.shape[1], q.shape[2], q.shape[3]
         Hkv, S = k.shape[2], meta.key_slots.shape[1]
-        k_pool.index_copy_(0, meta.slot_mapping, k[0])
-        v_pool.index_copy_(0, meta.slot_mapping, v[0])
-        key_slots = meta.key_slots.flatten()
-        keys = k_pool.index_select(0, key_slots).view(P, S, Hkv, D).transpose(1, 2)  # [P, Hkv, S, D]
-        values = v_pool.index_select(0, key_slots).view(P, S, Hkv, D).transpose(1, 2)
+        self._write(layer, meta.slot_mapping, k[0], v[0])
+        keys, values = self._read(layer, meta.key_slots.flatten())
+        keys = keys.view(P, S, Hkv, D).transpose(1, 2)  # [P, Hkv, S, D]
+        values = values.view(P, S, Hkv, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(q[0].view(P, Hkv, H // Hkv, D), keys, values, attn_mask=meta.mask)
         return o.reshape(P, H * D)[None]

@@ -69,8 +69,9 @@ class Sequence:
         # The sampler's slot (its random stream and penalty mask), as block_table
         # is the block manager's: it goes when the sequence goes.
         self.sampling_state: SamplingState | None = None
-        # The runner's slot: K and V copied to host memory while swapped out (swap preemption).
-        self.swapped_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The runner's slot: K and V (and their scales, with an int8 pool) copied to host
+        # memory while swapped out (swap preemption).
+        self.swapped_kv: tuple[torch.Tensor, ...] | None = None
 
     # --- what the request's samples share -------------------------------------------
 
