@@ -340,11 +340,10 @@ def decode_rows(folder: Path, shape: str, modes: list[str], bandwidth: float, st
 
 
 def engine_stamp() -> dict:
-    """The stamp of the modules an LLM runs (as bench/peers.py stamps the server's)."""
-    from tinyinfer import fingerprint
+    """The stamp chapter 4 compares with today's engine: gpu_report's, so the two agree."""
+    from tinyinfer.bench.gpu_report import engine_stamp as stamp
 
-    modules = fingerprint.closure(["tinyinfer.llm", "tinyinfer.cuda_graphs", "tinyinfer.quant"])
-    return fingerprint.stamp(fingerprint.module_hashes(modules))
+    return stamp()
 
 
 def meta(command: str, bandwidth: float | None, launch_us: float | None) -> dict:

@@ -150,6 +150,19 @@ def test_notebooks_were_executed(built: Path) -> None:
 
 
 @pytest.mark.book
+def test_markdown_outputs_render_their_tables(built: Path) -> None:
+    """A cell that displays Markdown (the peers, GPU and router reports) shows its
+    tables as tables. myst-nb parses such outputs as plain CommonMark unless told
+    otherwise (nb_render_markdown_format), and CommonMark has no tables: the page
+    then shows rows of '|' characters."""
+    raw_row = re.compile(r"<p>\|[^<]*\|\s*\n\|[-:| ]+\|")
+    shown = [p for p in toc_files() if raw_row.search((built / f"{p}.html").read_text(encoding="utf-8"))]
+    assert not shown, f"Markdown tables shown as raw text on {shown}"
+    chapter6 = (built / "chapters/06-quantization.html").read_text(encoding="utf-8")
+    assert chapter6.count("<table") >= 1
+
+
+@pytest.mark.book
 def test_lab_pages_hide_worked_solutions_and_link_to_the_lab(built: Path) -> None:
     """A self-study reader sees every exercise's answer folded away (a toggle),
     ✓ under each check rather than a wall of ✗, and a link to the lab itself."""
