@@ -63,7 +63,7 @@ def _annotate(model) -> list:
 
 
 def record_step_trace(step, model) -> dict:
-    """Run step() once under torch.profiler with model's modules marked, and
+    """Run step() once under torch.profiler and torch.inference_mode, with model's modules marked, and
     return the Chrome trace of this thread as a dict: {"traceEvents": [...]},
     each event {"name", "cat", "ts", "dur"} (µs), operators ("cpu_op") and
     module ranges ("user_annotation"), plus one "step" range around it all."""
@@ -74,10 +74,11 @@ def record_step_trace(step, model) -> dict:
 
     undo = _annotate(model)
     try:
-        step()  # warm-up: the wrapped forwards, caches, allocations
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            with torch.profiler.record_function("step"):
-                step()
+        with torch.inference_mode():  # a profile of inference: no autograd bookkeeping
+            step()  # warm-up: the wrapped forwards, caches, allocations
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                with torch.profiler.record_function("step"):
+                    step()
     finally:
         for module in undo:
             del module.forward  # the instance attribute goes; the class's forward is back
