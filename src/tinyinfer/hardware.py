@@ -232,6 +232,52 @@ def arithmetic_intensity(m: int, n: int, k: int, bytes_per_value: float) -> floa
     return matmul_flops(m, n, k) / matmul_bytes(m, n, k, bytes_per_value)
 
 
+# ------------------------------------------------------------------ when a decode step turns compute-bound
+
+
+def critical_batch(cost_at: Callable[[int], StepCost], roofline: Roofline, max_batch: int = 1_000_000) -> int | None:
+    """The smallest batch whose step reaches the ridge point (compute-bound),
+    or None if no batch up to max_batch does. `cost_at(batch)` is the step's
+    StepCost: `lambda b: forward_cost(config, batch=b, context=4096)`.
+
+    A decode step's intensity grows with the batch (the weights are read once
+    for all of it) but levels off: every sequence adds its own FLOPs and, with a
+    context, its own KV-cache bytes, so the intensity can never exceed a
+    sequence's FLOPs over its KV bytes. Where that limit is below the ridge, no
+    batch makes the step compute-bound. Intensity only grows with the batch, so
+    a bisection finds the first batch that reaches the ridge."""
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch={max_batch!r} is invalid: must be an integer >= 1")
+    ridge = roofline.ridge_point
+    if cost_at(max_batch).intensity < ridge:
+        return None
+    low, high = 1, max_batch  # cost_at(high) reaches the ridge
+    while low < high:
+        mid = (low + high) // 2
+        if cost_at(mid).intensity >= ridge:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def decode_attention_cost(model: ModelConfig, batch: int = 1, context: int = 0,
+                          kv_bytes_per_value: float = 2) -> StepCost:
+    """The attention part alone of a decode step (forward_cost's attention FLOPs
+    and its KV-cache bytes): each of `batch` sequences reads its own `context`
+    cached positions and writes one, and every query head does 4 x head_dim
+    FLOPs per visible key (scores, then the weighted sum of values).
+
+    Per sequence, the FLOPs and the bytes both grow with the context, and
+    nothing is shared between sequences, so the intensity is
+    2 x (query heads per KV head) / kv_bytes_per_value, whatever the batch or
+    the context: 1 FLOP per byte for multi-head attention in 16-bit numbers."""
+    c = model
+    visible = context + 1
+    flops = batch * 4 * c.head_dim * c.num_attention_heads * c.num_hidden_layers * visible
+    return StepCost(flops, batch * visible * kv_bytes_per_token(c, kv_bytes_per_value))
+
+
 # ------------------------------------------------------------------ printing
 
 
@@ -328,6 +374,44 @@ def allreduce_time(nbytes: float, n: int, link: Link) -> float:
     if n == 1:
         return 0.0
     return 2 * (n - 1) * (link.latency + nbytes / n / link.bandwidth)
+
+
+@dataclass(frozen=True)
+class PipelineParallelStep:
+    """One decode step split over n GPUs by layers (pipeline parallelism):
+    each GPU (a stage) holds 1/n of the layers and passes its activations on."""
+
+    n: int
+    stage: float  # seconds of one stage's share of the step
+    hop: float  # seconds to send a micro-batch's activations to the next stage
+
+    @property
+    def latency(self) -> float:
+        """Seconds from a token entering the first stage to leaving the last: it
+        passes every stage in turn, so splitting by layers saves it no time."""
+        return self.n * self.stage + (self.n - 1) * self.hop
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two micro-batches leaving the last stage, once n of
+        them are in flight (every stage busy: no bubble)."""
+        return self.stage + self.hop
+
+
+def pipeline_parallel_step(params: float, hidden_size: int, n: int, link: Link, roofline: Roofline,
+                           batch: int = 1, bytes_per_param: float = 2,
+                           activation_bytes: float = 2) -> PipelineParallelStep:
+    """The same assumptions as tensor_parallel_step, split by layers instead:
+    each stage reads 1/n of the weights (its share of the roofline bound on the
+    step) and sends batch x hidden_size activations to the next stage once, a
+    point-to-point transfer (latency + bytes / bandwidth) instead of 2 x layers
+    all-reduces. Throughput needs n micro-batches in flight; a single one
+    leaves n - 1 of the n stages idle (the pipeline's bubble)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} is invalid: the number of stages must be an integer >= 1")
+    stage = forward_cost(params, batch, bytes_per_param=bytes_per_param).time(roofline) / n
+    hop = 0.0 if n == 1 else link.latency + batch * hidden_size * activation_bytes / link.bandwidth
+    return PipelineParallelStep(n, stage, hop)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,41 @@ def params_from_config(config) -> int:
     return load_config(config).num_parameters()
 
 
+# ------------------------------------------------------------------ long contexts: windows and latents
+
+
+def kv_cache_bytes(context_tokens: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                   bytes_per_value: float = 2, sliding_window: int | None = None,
+                   sliding_layers: int | None = None) -> float:
+    """Bytes of one request's KV cache at `context_tokens` tokens.
+
+    With sliding-window attention a layer attends to the last `sliding_window`
+    positions only, so it keeps at most that many: its cache stops growing.
+    `sliding_layers` of the layers use the window (all of them by default);
+    the others are global and keep every token (Gemma 2 alternates the two)."""
+    context_tokens = _number(context_tokens, "context_tokens", 0, 100_000_000, integer=True)
+    per_layer_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value) / num_layers
+    if sliding_window is None:
+        return per_layer_token * num_layers * context_tokens
+    window = _number(sliding_window, "sliding_window", 1, 100_000_000, integer=True)
+    local = num_layers if sliding_layers is None else _number(sliding_layers, "sliding_layers", 0, num_layers,
+                                                             integer=True)
+    return per_layer_token * (local * min(context_tokens, window) + (num_layers - local) * context_tokens)
+
+
+def mla_kv_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int,
+                           bytes_per_value: float = 2) -> float:
+    """Bytes per token of a multi-head latent attention (MLA) cache, as in
+    DeepSeek-V2 and V3: each layer keeps one compressed vector of kv_lora_rank
+    numbers, from which every head's key and value are re-made, plus one
+    rotary key part of qk_rope_head_dim numbers shared by all heads. No factor
+    2: the latent stands for keys and values together."""
+    num_layers = _number(num_layers, "num_layers", 1, 10_000, integer=True)
+    rank = _number(kv_lora_rank, "kv_lora_rank", 1, 100_000, integer=True)
+    rope = _number(qk_rope_head_dim, "qk_rope_head_dim", 0, 100_000, integer=True)
+    return num_layers * (rank + rope) * _number(bytes_per_value, "kv_bytes_per_value", 0, 8, low_open=True)
+
+
 # ------------------------------------------------------------------ the estimate
 
 

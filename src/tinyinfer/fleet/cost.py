@@ -58,3 +58,24 @@ class StepCostModel:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def roofline_cost_model(params: float, roofline, bytes_per_param: float = 2,
+                        kv_bytes_per_token: float = 0) -> StepCostModel:
+    """A StepCostModel from a chip's datasheet instead of a measurement: the
+    roofline's two bounds as the linear model's terms.
+
+    - prefill is compute-bound: 2 x params FLOPs per prompt token at peak;
+    - a decode step reads every weight once (the base) and each sequence's
+      KV cache (per context token), at the full bandwidth, and does
+      2 x params FLOPs per sequence at peak.
+    The roofline takes the larger of time for bytes and time for FLOPs; the
+    linear model adds them, so it errs a little on the slow side. `roofline`
+    is a hardware.Roofline (for a server split n ways, multiply both figures by n)."""
+    if not params > 0:
+        raise ValueError(f"params={params!r} is invalid: must be > 0")
+    per_token = 2 * params / roofline.peak_flops
+    return StepCostModel(prefill_s_per_token=per_token,
+                         decode_base_s=params * bytes_per_param / roofline.bandwidth,
+                         decode_s_per_seq=per_token,
+                         decode_s_per_context_token=kv_bytes_per_token / roofline.bandwidth)
