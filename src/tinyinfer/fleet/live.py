@@ -133,6 +133,9 @@ class Fleet:
                 pass
             _signal_group(p.popen, signal.SIGKILL)  # the group's other members too (the engine core)
             p.popen.wait()
+            # wait() reaps the group's leader only. A killed engine core may still be
+            # running for a moment on a busy machine: stop() returns once it is gone.
+            _wait_for_group(p.popen.pid, deadline=time.monotonic() + 10)
         self.procs.clear()
 
     def __enter__(self) -> "Fleet":
@@ -140,6 +143,32 @@ class Fleet:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group, from /proc on Linux;
+    elsewhere, [pgid] while the group can still be signalled."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
+    members = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_for_group(pgid: int, deadline: float) -> None:
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
