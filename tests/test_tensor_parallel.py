@@ -1,0 +1,70 @@
+"""Tensor parallelism with torch.distributed (gloo, CPU): the split MLPs give
+the outputs of one process; the ring fit inverts the ring model; the pipeline
+bubble. Two processes of the tiny model: a few seconds."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tinyinfer.hardware import Link, allreduce_time, pipeline_bubble
+from tinyinfer.model import MLP
+from tinyinfer.tensor_parallel import ParallelMLP, fit_ring, hidden_states, run_ranks
+
+
+def test_two_processes_give_the_hidden_states_of_one(tiny_dir):
+    ids = list(range(5, 40))
+    (alone,) = run_ranks(hidden_states, world=1, args=(tiny_dir, ids))
+    split = run_ranks(hidden_states, world=2, args=(tiny_dir, ids))
+    for rank_out in split:  # every rank ends with the same, full result
+        np.testing.assert_allclose(rank_out, alone, rtol=1e-5, atol=1e-5)
+    assert np.abs(alone).max() > 0.1  # a real signal, not two zeros agreeing
+
+
+def _mlp():
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    return MLP(SimpleNamespace(hidden_size=8, intermediate_size=12)).eval()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_shards_sum_to_the_whole_mlp(world):
+    """Without a process group, each shard returns its partial output: the
+    partials must add up to the unsplit MLP (and no column may be lost or doubled)."""
+    mlp, x = _mlp(), torch.randn(3, 8)
+    with torch.no_grad():
+        total = sum(ParallelMLP(mlp, r, world)(x) for r in range(world))
+        torch.testing.assert_close(total, mlp(x), rtol=1e-5, atol=1e-6)
+        # Taking the same half twice (a wrong slice) would not add up:
+        assert not torch.allclose(2 * ParallelMLP(mlp, 0, 2)(x), mlp(x), atol=1e-4)
+
+
+def test_an_uneven_split_is_refused():
+    with pytest.raises(ValueError, match="world=5"):
+        ParallelMLP(_mlp(), 0, 5)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fit_ring_recovers_the_link_the_ring_model_used(n):
+    link = Link("made up", bandwidth=2e9, latency=40e-6)
+    sizes = [4 * 4 ** k for k in range(10)]
+    fitted = fit_ring(sizes, [allreduce_time(s, n, link) for s in sizes], n)
+    assert math.isclose(fitted.latency, link.latency, rel_tol=1e-6)
+    assert math.isclose(fitted.bandwidth, link.bandwidth, rel_tol=1e-6)
+
+
+def test_fit_ring_refuses_one_size():
+    with pytest.raises(ValueError, match="two different"):
+        fit_ring([64, 64], [1e-5, 1e-5], 2)
+
+
+@pytest.mark.parametrize("p, m, expected", [(1, 1, 0.0), (4, 1, 3 / 4), (4, 4, 3 / 7), (2, 8, 1 / 9), (8, 32, 7 / 39)])
+def test_pipeline_bubble(p, m, expected):
+    assert pipeline_bubble(p, m) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("p, m", [(0, 1), (2, 0), (2.5, 4)])
+def test_pipeline_bubble_refuses_bad_counts(p, m):
+    with pytest.raises(ValueError, match="stages|micro_batches"):
+        pipeline_bubble(p, m)
