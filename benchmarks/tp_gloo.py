@@ -40,7 +40,7 @@ LENGTHS = [1, 8, 64, 256]
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--save", default=None, help="write the report (JSON) here")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     args = p.parse_args(argv)
     lengths = [int(t) for t in args.lengths.split(",")]

@@ -179,18 +179,21 @@ def hidden_states(rank: int, world: int, folder, token_ids: list[int]) -> np.nda
     return forward_hidden(model, token_ids).float().numpy()
 
 
-def _median_s(fn, repeats: int) -> float:
+def _best_s(fn, repeats: int) -> float:
+    """The fastest of `repeats` runs. On a shared machine another program can take a
+    core in the middle of a run (and a 2-thread step then waits for its second
+    thread); the fastest run is the one least disturbed, the same for every setup."""
     fn()  # warm-up: first calls allocate and pick kernels
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times)
 
 
 def step_times(rank: int, world: int, folder, lengths, repeats: int = 5) -> dict:
-    """(In each rank) median seconds of one forward pass over T tokens, for each
+    """(In each rank) the best seconds of one forward pass over T tokens, for each
     T in lengths; with world 1 also the MLPs' share of it (all layers' MLPs run
     alone on the same shape), which the cost model halves."""
     from .forward import forward_hidden
@@ -205,9 +208,9 @@ def step_times(rank: int, world: int, folder, lengths, repeats: int = 5) -> dict
         ids = torch.randint(0, model.config.vocab_size, (t,), generator=gen).tolist()
         if world > 1:
             dist.barrier()  # both ranks start each length together
-        out["step_s"][t] = _median_s(lambda: forward_hidden(model, ids), repeats)
+        out["step_s"][t] = _best_s(lambda: forward_hidden(model, ids), repeats)
         if world == 1:
             x = torch.randn(1, t, model.config.hidden_size, generator=gen)
             with torch.no_grad():
-                out["mlp_s"][t] = _median_s(lambda: [m(x) for m in mlps], repeats)
+                out["mlp_s"][t] = _best_s(lambda: [m(x) for m in mlps], repeats)
     return out

@@ -14,8 +14,9 @@ A report is JSON:
     allreduce  nbytes, seconds (the slower rank's median), per_rank_seconds, and
                fit {alpha_s, bandwidth_bytes_per_s}: the ring model's link
     max_abs_difference  between two processes' hidden states and one process's
-    steps      per token count T: one process with 2 threads, with 1 thread, the
-               MLPs' share at 1 thread, two processes, and the cost model's prediction
+    steps      per token count T, the fastest of several runs (tensor_parallel.step_times):
+               one process with 2 threads, with 1 thread, the MLPs' share at 1 thread,
+               two processes, and the cost model's prediction
 """
 from __future__ import annotations
 
