@@ -46,6 +46,7 @@ def main(argv=None) -> dict:
     lengths = [int(t) for t in args.lengths.split(",")]
     folder = str(ensure_packaged_model())
 
+    load_before = os.getloadavg()  # other programs on the machine skew every number below: say how many
     sweep = run_ranks(allreduce_sweep, world=2, args=(SIZES,))
     seconds = [max(a, b) for a, b in zip(*sweep)]  # a collective ends when its slower rank does
     link = fit_ring(SIZES, seconds, 2, "gloo, two processes on one CPU")
@@ -69,13 +70,16 @@ def main(argv=None) -> dict:
         comm = config.num_hidden_layers * allreduce_time(t * config.hidden_size * 4, 2, link)
         rows.append({"tokens": t, "one_process_2_threads_s": two_threads["step_s"][t], "one_process_1_thread_s": step1,
                      "mlp_1_thread_s": mlp1, "two_processes_s": max(r["step_s"][t] for r in tp),
+                     "two_processes_allreduce_s": max(r["comm_s"][t] for r in tp),
                      "predicted_two_processes_s": step1 - mlp1 / 2 + comm, "predicted_communication_s": comm})
         r = rows[-1]
         print(f"T={t:4d}: 1 proc x 2 threads {r['one_process_2_threads_s'] * 1e3:8.1f} ms, 1 thread "
               f"{step1 * 1e3:8.1f} ms, 2 procs {r['two_processes_s'] * 1e3:8.1f} ms "
-              f"(predicted {r['predicted_two_processes_s'] * 1e3:8.1f} ms)", flush=True)
+              f"(predicted {r['predicted_two_processes_s'] * 1e3:8.1f} ms; all-reduces "
+              f"{r['two_processes_allreduce_s'] * 1e3:.1f} ms, predicted {comm * 1e3:.1f})", flush=True)
 
-    report = {"meta": tp_report.machine_meta(), "model": {"name": "smollm2-135m-instruct", "dtype": "float32",
+    meta = tp_report.machine_meta() | {"load_average_before": load_before, "load_average_after": os.getloadavg()}
+    report = {"meta": meta, "model": {"name": "smollm2-135m-instruct", "dtype": "float32",
                                                          "layers": config.num_hidden_layers,
                                                          "hidden_size": config.hidden_size,
                                                          "intermediate_size": config.intermediate_size},

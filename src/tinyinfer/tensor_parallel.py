@@ -56,12 +56,15 @@ class ParallelMLP(nn.Module):
         # clone(): this rank keeps only its slice, not a view that pins the whole matrix
         self.gate_up_proj.weight = nn.Parameter(torch.cat([gate[cols], up[cols]]).clone(), requires_grad=False)
         self.down_proj.weight = nn.Parameter(mlp.down_proj.weight.detach()[:, cols].clone(), requires_grad=False)
+        self.comm_s = 0.0  # seconds spent in all-reduces so far: sending, and waiting for the other ranks
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         partial = self.down_proj(F.silu(gate) * up)
         if dist.is_initialized():  # world 1 (no process group) is the plain MLP
+            start = time.perf_counter()
             dist.all_reduce(partial)  # the sum of every rank's partial output, on every rank
+            self.comm_s += time.perf_counter() - start
         return partial
 
 
@@ -195,22 +198,39 @@ def _best_s(fn, repeats: int) -> float:
 def step_times(rank: int, world: int, folder, lengths, repeats: int = 5) -> dict:
     """(In each rank) the best seconds of one forward pass over T tokens, for each
     T in lengths; with world 1 also the MLPs' share of it (all layers' MLPs run
-    alone on the same shape), which the cost model halves."""
+    alone on the same shape), which the cost model halves; with world > 1 also the
+    seconds the fastest pass spent in its all-reduces (ParallelMLP.comm_s)."""
     from .forward import forward_hidden
 
     model = _load(folder)
     mlps = [layer.mlp for layer in model.model.layers]
     if world > 1:
         split_mlps(model, rank, world)
-    out = {"threads": torch.get_num_threads(), "step_s": {}, "mlp_s": {}}
+    out = {"threads": torch.get_num_threads(), "step_s": {}, "mlp_s": {}, "comm_s": {}}
     gen = torch.Generator().manual_seed(0)
     for t in lengths:
         ids = torch.randint(0, model.config.vocab_size, (t,), generator=gen).tolist()
         if world > 1:
             dist.barrier()  # both ranks start each length together
-        out["step_s"][t] = _best_s(lambda: forward_hidden(model, ids), repeats)
-        if world == 1:
+            out["step_s"][t], out["comm_s"][t] = _best_split_step(model, ids, repeats)
+        else:
+            out["step_s"][t] = _best_s(lambda: forward_hidden(model, ids), repeats)
             x = torch.randn(1, t, model.config.hidden_size, generator=gen)
             with torch.no_grad():
                 out["mlp_s"][t] = _best_s(lambda: [m(x) for m in mlps], repeats)
     return out
+
+
+def _best_split_step(model, ids, repeats: int) -> tuple[float, float]:
+    """(seconds, seconds in all-reduces) of the fastest of `repeats` split passes."""
+    from .forward import forward_hidden
+
+    forward_hidden(model, ids)  # warm-up
+    runs = []
+    for _ in range(repeats):
+        for layer in model.model.layers:
+            layer.mlp.comm_s = 0.0
+        start = time.perf_counter()
+        forward_hidden(model, ids)
+        runs.append((time.perf_counter() - start, sum(layer.mlp.comm_s for layer in model.model.layers)))
+    return min(runs)
