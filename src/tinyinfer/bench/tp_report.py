@@ -76,7 +76,7 @@ def engine_note(report: dict, today: dict | None = None) -> str:
     stamp = meta.get("engine_stamp") or {}
     theirs = stamp.get("engine_fingerprint", "unknown")
     named = f"tinyinfer at commit {stamp.get('engine_commit', 'unknown')} (fingerprint {theirs})"
-    head = f"Measured on {meta.get('date', 'an unknown date')} on a {meta.get('cpu', 'unknown CPU')} " \
+    head = f"Measured on {meta.get('date', 'an unknown date')} on {meta.get('cpu', 'an unknown CPU')} " \
            f"({meta.get('cores', '?')} cores) by {named}"
     today = today or engine_stamp()
     if theirs == today["engine_fingerprint"]:
@@ -87,32 +87,64 @@ def engine_note(report: dict, today: dict | None = None) -> str:
             "these numbers show an older engine: `python benchmarks/tp_gloo.py` measures today's.")
 
 
-def _slower(row: dict) -> float:
-    return row["two_processes_s"] / row["one_process_2_threads_s"]
+def table(report: dict) -> str:
+    """One row per token count: the three setups, the prediction, and the all-reduces."""
+    lines = [f"{'tokens':>6}{'1 process':>11}{'1 process':>11}{'2 processes':>15}{'predicted':>11}"
+             f"{'all-reduces':>13}{'predicted':>11}",
+             f"{'':>6}{'1 thread':>11}{'2 threads':>11}{'1 thread each':>15}{'(model)':>11}"
+             f"{'(measured)':>13}{'(ring)':>11}   (ms)"]
+    for r in report["steps"]:
+        lines.append(f"{r['tokens']:6d}{r['one_process_1_thread_s'] * 1e3:11.1f}"
+                     f"{r['one_process_2_threads_s'] * 1e3:11.1f}{r['two_processes_s'] * 1e3:15.1f}"
+                     f"{r['predicted_two_processes_s'] * 1e3:11.1f}"
+                     f"{r.get('two_processes_allreduce_s', float('nan')) * 1e3:13.1f}"
+                     f"{r['predicted_communication_s'] * 1e3:11.1f}")
+    return "\n".join(lines)
 
 
 def explain(report: dict) -> str:
-    """Sentences from the numbers: the fit, the prediction's error, and where two
-    processes lose to one."""
-    fit, steps = link(report), report["steps"]
+    """Sentences from the numbers: the fit, where two processes lose to one core,
+    and how far the cost model's prediction was off."""
+    fit, steps, model = link(report), report["steps"], report["model"]
+    one_token = model["hidden_size"] * 4  # one token's activations, float32
+    t_one = 2 * (fit.latency + one_token / 2 / fit.bandwidth)  # allreduce_time for n = 2
     first, last = steps[0], steps[-1]
-    slower = [r["tokens"] for r in steps if _slower(r) > 1]
-    errors = [abs(r["predicted_two_processes_s"] / r["two_processes_s"] - 1) for r in steps]
+    slower = [r["tokens"] for r in steps if r["two_processes_s"] > r["one_process_1_thread_s"]]
+    ratios = [r["two_processes_s"] / r["predicted_two_processes_s"] for r in steps]  # measured / predicted
     text = [
-        f"Between two processes on this CPU one ring step costs alpha = {fit.latency * 1e6:.0f} µs, and the "
-        f"link moves {fit.bandwidth / 1e9:.1f} GB/s: an all-reduce of one token's activations "
-        f"({report['model']['hidden_size'] * 4:,} bytes) is all latency.",
-        f"For one token (a decode step at batch 1), two processes took {last_ms(first, 'two_processes_s')} ms "
-        f"against {last_ms(first, 'one_process_2_threads_s')} ms for one process with both threads: "
-        f"{_slower(first):.2f} times as long.",
-        f"At {last['tokens']} tokens (a prefill) the ratio was {_slower(last):.2f}.",
+        f"Fitted to the measured all-reduces, the ring's link between two processes on this CPU has "
+        f"alpha = {fit.latency * 1e6:.0f} µs per step and carries {fit.bandwidth / 1e9:.1f} GB/s: one token's "
+        f"activations ({one_token:,} bytes) take {t_one * 1e6:.0f} µs to sum, "
+        f"{2 * fit.latency / t_one:.0%} of it latency.",
+        f"For one token (a decode step at batch 1), two processes on two cores took "
+        f"{first['two_processes_s'] * 1e3:.1f} ms against {first['one_process_1_thread_s'] * 1e3:.1f} ms for "
+        f"one process on one core: {first['two_processes_s'] / first['one_process_1_thread_s']:.1f} times as long, "
+        "with twice the cores.",
     ]
     if slower:
-        text.append(f"Two processes were slower than one at {_listed(slower)} tokens per step.")
+        text.append(f"Two processes were slower than one core at {_listed(slower)} tokens per step"
+                    + (f", and faster at {_listed([r['tokens'] for r in steps if r['tokens'] not in slower])}."
+                       if len(slower) < len(steps) else "."))
     else:
-        text.append("Two processes were never slower than one here.")
-    text.append(f"The cost model's prediction was off by {min(errors):.0%} to {max(errors):.0%}.")
+        text.append("Two processes were faster than one core at every size measured.")
+    if "two_processes_allreduce_s" in first:
+        text.append(f"At one token the split step spent {first['two_processes_allreduce_s'] * 1e3:.1f} ms in its "
+                    f"{model['layers']} all-reduces, where the ring model, with the fitted link, predicts "
+                    f"{first['predicted_communication_s'] * 1e3:.1f} ms.")
+    shares = sorted(1 / x for x in ratios)  # predicted / measured
+    text.append(f"The cost model's step (one core's step with its MLP time halved, plus the ring's all-reduces) "
+                f"came to {shares[0]:.0%} to {shares[-1]:.0%} of the time two processes took.")
     return " ".join(text)
+
+
+def load_sentence(report: dict) -> str:
+    """The machine's load during the run, from the stored load averages."""
+    meta = report["meta"]
+    if "load_average_before" not in meta:
+        return "The machine's load during the run was not recorded."
+    before, after = meta["load_average_before"][0], meta["load_average_after"][0]
+    return (f"The machine's one-minute load average was {before:.1f} when the run started and {after:.1f} "
+            f"when it ended, on {meta.get('cores', '?')} cores: other programs were running too.")
 
 
 def last_ms(row: dict, key: str) -> str:
