@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tinyinfer.fleet import (POLICIES, Autoscale, Failure, KVLink, ReplicaConfig, StepCostModel, calibrate,
-                             compare_disaggregation, make_session_workload, make_workload, simulate,
+                             compare_disaggregation, make_chat_workload, make_workload, simulate,
                              simulate_disaggregated, workload_from)
 
 COST = StepCostModel(prefill_s_per_token=2e-3, decode_base_s=50e-3, decode_s_per_seq=5e-3)
@@ -35,9 +35,9 @@ def test_workload_is_seeded_and_has_the_asked_rate():
 
 
 def test_session_workload_resends_each_conversation_with_its_history():
-    wl = make_session_workload(40, rate=1.0, turns=(2, 5), num_system_prompts=3, system_len=100,
+    wl = make_chat_workload(40, rate=1.0, turns=(2, 5), num_system_prompts=3, system_len=100,
                                user_len=(5, 9), output_len=(3, 7), seed=3)
-    assert wl == make_session_workload(40, rate=1.0, turns=(2, 5), num_system_prompts=3, system_len=100,
+    assert wl == make_chat_workload(40, rate=1.0, turns=(2, 5), num_system_prompts=3, system_len=100,
                                        user_len=(5, 9), output_len=(3, 7), seed=3)
     assert [r.request_id for r in wl] == list(range(len(wl)))
     assert all(a.arrival_time <= b.arrival_time for a, b in zip(wl, wl[1:]))
@@ -63,7 +63,7 @@ def test_session_workload_resends_each_conversation_with_its_history():
 def test_session_workload_refuses_bad_settings(bad, match):
     args = dict(num_sessions=5, rate=1.0) | bad
     with pytest.raises(ValueError, match=match):
-        make_session_workload(**args)
+        make_chat_workload(**args)
 
 
 def test_keeping_sessions_on_their_replica_reuses_their_history():
@@ -71,7 +71,7 @@ def test_keeping_sessions_on_their_replica_reuses_their_history():
     replica skips its history; power of two scatters sessions and recomputes them."""
     from tinyinfer.labcheck import ReferenceSessionRouter
 
-    wl = make_session_workload(60, rate=1.0, seed=0)
+    wl = make_chat_workload(60, rate=1.0, seed=0)
     config = ReplicaConfig(max_num_seqs=8, prefix_cache_slots=16)
     sticky = simulate(wl, 4, COST, ReferenceSessionRouter(), config)
     scattered = simulate(wl, 4, COST, "power_of_two", config)

@@ -32,7 +32,7 @@ class SimRequest:
     output_len: int  # tokens to generate (the request runs to max_tokens)
     prefix_id: int | None = None
     prefix_len: int = 0
-    session_id: int | None = None  # the conversation this turn belongs to (make_session_workload)
+    session_id: int | None = None  # the conversation this turn belongs to (make_chat_workload)
 
     def __post_init__(self):
         if self.prompt_len < 1:
@@ -74,7 +74,7 @@ def make_workload(num_requests: int, rate: float, prompt_len=128, output_len=64,
     return reqs
 
 
-def make_session_workload(num_sessions: int, rate: float, turns=(2, 6), num_system_prompts: int = 4,
+def make_chat_workload(num_sessions: int, rate: float, turns=(2, 6), num_system_prompts: int = 4,
                           system_len: int = 400, user_len=(16, 64), output_len=(16, 64),
                           think_time: float = 8.0, seed: int = 0) -> list[SimRequest]:
     """Chat sessions: a seeded list of requests sorted by arrival time.

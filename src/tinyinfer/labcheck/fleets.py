@@ -60,10 +60,10 @@ SESSION_FLEET = dict(num_sessions=120, rate=2.0, replicas=8, max_num_seqs=8, pre
 
 def session_fleet(seed: int):
     """(workload, replicas, cost model, replica config) of the routing task for one seed."""
-    from ..fleet import ReplicaConfig, StepCostModel, make_session_workload
+    from ..fleet import ReplicaConfig, StepCostModel, make_chat_workload
 
     f = SESSION_FLEET
-    return (make_session_workload(f["num_sessions"], f["rate"], seed=seed), f["replicas"], StepCostModel(),
+    return (make_chat_workload(f["num_sessions"], f["rate"], seed=seed), f["replicas"], StepCostModel(),
             ReplicaConfig(max_num_seqs=f["max_num_seqs"], prefix_cache_slots=f["prefix_cache_slots"]))
 
 
