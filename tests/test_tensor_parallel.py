@@ -68,3 +68,56 @@ def test_pipeline_bubble(p, m, expected):
 def test_pipeline_bubble_refuses_bad_counts(p, m):
     with pytest.raises(ValueError, match="stages|micro_batches"):
         pipeline_bubble(p, m)
+
+
+# --- the stored report and its sentences ------------------------------------------------
+
+
+def _report(two_ms=(90.0, 400.0), one_ms=(45.0, 430.0)):
+    from tinyinfer.bench import tp_report
+
+    steps = [{"tokens": t, "one_process_2_threads_s": o / 2e3, "one_process_1_thread_s": o / 1e3,
+              "mlp_1_thread_s": o / 2e3, "two_processes_s": w / 1e3, "two_processes_allreduce_s": 0.01,
+              "predicted_two_processes_s": 0.75 * o / 1e3, "predicted_communication_s": 0.005}
+             for t, w, o in zip((1, 256), two_ms, one_ms)]
+    return {"meta": {"date": "2026-12-05 05:30 UTC", "cpu": "Some CPU", "cores": 2,
+                     "engine_stamp": tp_report.engine_stamp(), "load_average_before": [1.5, 1, 1],
+                     "load_average_after": [2.0, 1, 1]},
+            "model": {"hidden_size": 576, "layers": 30},
+            "allreduce": {"nbytes": [4, 4096], "seconds": [1e-4, 1.1e-4],
+                          "fit": {"alpha_s": 5e-5, "bandwidth_bytes_per_s": 1.5e9}},
+            "steps": steps}
+
+
+def test_explain_says_where_two_processes_lose_to_one_core():
+    from tinyinfer.bench import tp_report
+
+    text = tp_report.explain(_report())
+    assert "alpha = 50 µs" in text and "1.5 GB/s" in text
+    assert "two processes took 90.0 ms, one process on both cores 22.5 ms, and one process on one core 45.0 ms" in text
+    assert "slower than one process on both cores at every size measured (1.9 to 4.0 times as long)" in text
+    assert "slower than one core at 1 token per step." in text
+    never = tp_report.explain(_report(two_ms=(40.0, 400.0)))
+    assert "slower than one core at no size measured" in never
+    assert "load average was 1.5" in tp_report.load_sentence(_report())
+
+
+def test_engine_note_tells_todays_code_from_an_older_one():
+    from tinyinfer.bench import tp_report
+
+    report = _report()
+    assert tp_report.engine_note(report).endswith("the same code as today's.")
+    stamp = report["meta"]["engine_stamp"]
+    old = dict(stamp, engine_fingerprint="0" * 16,
+               engine_modules=dict(stamp["engine_modules"], **{"tinyinfer.tensor_parallel": "deadbeef"}))
+    report["meta"]["engine_stamp"] = old
+    assert "has changed since (tinyinfer.tensor_parallel)" in tp_report.engine_note(report)
+
+
+def test_the_stored_report_loads_and_renders():
+    from tinyinfer.bench import tp_report
+
+    report = tp_report.load()
+    assert report["meta"]["cpu"] and report["meta"]["engine_stamp"]["engine_fingerprint"]
+    assert report["max_abs_difference"] < 1e-3  # the stored run's split also matched one process
+    assert len(report["steps"]) >= 2 and tp_report.explain(report) and tp_report.table(report)

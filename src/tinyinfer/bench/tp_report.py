@@ -102,36 +102,47 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def slower_than(report: dict, key: str) -> list[int]:
+    """Token counts at which two processes took longer than the setup `key`
+    ('one_process_2_threads_s': one process on both cores; 'one_process_1_thread_s': on one)."""
+    return [r["tokens"] for r in report["steps"] if r["two_processes_s"] > r[key]]
+
+
+def where(tokens: list[int], report: dict) -> str:
+    """'at every size measured', 'at 1 and 8 tokens per step', or 'at no size measured'."""
+    if not tokens:
+        return "at no size measured"
+    if len(tokens) == len(report["steps"]):
+        return "at every size measured"
+    return f"at {_listed(tokens)} token{'' if tokens == [1] else 's'} per step"
+
+
 def explain(report: dict) -> str:
-    """Sentences from the numbers: the fit, where two processes lose to one core,
-    and how far the cost model's prediction was off."""
+    """Sentences from the numbers: the fit, where two processes lose to one, and
+    how far the cost model's prediction was off."""
     fit, steps, model = link(report), report["steps"], report["model"]
     one_token = model["hidden_size"] * 4  # one token's activations, float32
     t_one = 2 * (fit.latency + one_token / 2 / fit.bandwidth)  # allreduce_time for n = 2
-    first, last = steps[0], steps[-1]
-    slower = [r["tokens"] for r in steps if r["two_processes_s"] > r["one_process_1_thread_s"]]
-    ratios = [r["two_processes_s"] / r["predicted_two_processes_s"] for r in steps]  # measured / predicted
+    first = steps[0]
+    both, one = "one_process_2_threads_s", "one_process_1_thread_s"
+    ratios = [r["two_processes_s"] / r[both] for r in steps]
     text = [
         f"Fitted to the measured all-reduces, the ring's link between two processes on this CPU has "
         f"alpha = {fit.latency * 1e6:.0f} µs per step and carries {fit.bandwidth / 1e9:.1f} GB/s: one token's "
         f"activations ({one_token:,} bytes) take {t_one * 1e6:.0f} µs to sum, "
         f"{2 * fit.latency / t_one:.0%} of it latency.",
-        f"For one token (a decode step at batch 1), two processes on two cores took "
-        f"{first['two_processes_s'] * 1e3:.1f} ms against {first['one_process_1_thread_s'] * 1e3:.1f} ms for "
-        f"one process on one core: {first['two_processes_s'] / first['one_process_1_thread_s']:.1f} times as long, "
-        "with twice the cores.",
+        f"For {first['tokens']} token{'s' if first['tokens'] > 1 else ''} per step, two processes took "
+        f"{first['two_processes_s'] * 1e3:.1f} ms, one process on both cores {first[both] * 1e3:.1f} ms, and one "
+        f"process on one core {first[one] * 1e3:.1f} ms.",
+        f"Two processes were slower than one process on both cores {where(slower_than(report, both), report)} "
+        f"({min(ratios):.1f} to {max(ratios):.1f} times as long), and slower than one core "
+        f"{where(slower_than(report, one), report)}.",
     ]
-    if slower:
-        text.append(f"Two processes were slower than one core at {_listed(slower)} tokens per step"
-                    + (f", and faster at {_listed([r['tokens'] for r in steps if r['tokens'] not in slower])}."
-                       if len(slower) < len(steps) else "."))
-    else:
-        text.append("Two processes were faster than one core at every size measured.")
     if "two_processes_allreduce_s" in first:
-        text.append(f"At one token the split step spent {first['two_processes_allreduce_s'] * 1e3:.1f} ms in its "
-                    f"{model['layers']} all-reduces, where the ring model, with the fitted link, predicts "
-                    f"{first['predicted_communication_s'] * 1e3:.1f} ms.")
-    shares = sorted(1 / x for x in ratios)  # predicted / measured
+        text.append(f"At {first['tokens']} token{'s' if first['tokens'] > 1 else ''} the split step spent "
+                    f"{first['two_processes_allreduce_s'] * 1e3:.1f} ms in its {model['layers']} all-reduces, where "
+                    f"the ring model, with the fitted link, predicts {first['predicted_communication_s'] * 1e3:.1f} ms.")
+    shares = sorted(r["predicted_two_processes_s"] / r["two_processes_s"] for r in steps)  # predicted / measured
     text.append(f"The cost model's step (one core's step with its MLP time halved, plus the ring's all-reduces) "
                 f"came to {shares[0]:.0%} to {shares[-1]:.0%} of the time two processes took.")
     return " ".join(text)
