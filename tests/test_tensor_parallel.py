@@ -114,10 +114,13 @@ def test_engine_note_tells_todays_code_from_an_older_one():
     assert "has changed since (tinyinfer.tensor_parallel)" in tp_report.engine_note(report)
 
 
-def test_the_stored_report_loads_and_renders():
+def test_the_stored_report_loads_and_renders(monkeypatch, tmp_path):
     from tinyinfer.bench import tp_report
 
+    monkeypatch.delenv("TINYINFER_TP_JSON", raising=False)
+    monkeypatch.chdir(tmp_path)  # no _build/tp-gloo.json here: the stored copy
     report = tp_report.load()
+    assert report["stored"]
     assert report["meta"]["cpu"] and report["meta"]["engine_stamp"]["engine_fingerprint"]
     assert report["max_abs_difference"] < 1e-3  # the stored run's split also matched one process
     assert len(report["steps"]) >= 2 and tp_report.explain(report) and tp_report.table(report)

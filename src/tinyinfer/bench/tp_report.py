@@ -3,7 +3,7 @@ CPU, joined by torch.distributed's gloo backend, measured once and rendered by
 chapter 8 as sentences computed from its numbers.
 
     from tinyinfer.bench import tp_report
-    report = tp_report.load()           # the stored copy (or $TINYINFER_TP_JSON)
+    report = tp_report.load()           # _build/tp-gloo.json if this machine ran it, else the stored copy
     print(tp_report.explain(report))    # the fit, the split's step beside the model, when two are slower
 
 A report is JSON:
@@ -31,6 +31,7 @@ from ..hardware import Link
 
 DATA = Path(__file__).resolve().parent / "data"  # beside the peers reports: measurements, not engine code
 STORED = DATA / "tp-gloo-2026-12-05-xeon.json"
+SAVED_NAME = "tp-gloo.json"  # where `python benchmarks/tp_gloo.py --save _build/tp-gloo.json` puts this machine's run
 ROOTS = ("tinyinfer.tensor_parallel", "tinyinfer.forward")  # what the benchmark's processes run
 
 
@@ -55,13 +56,27 @@ def machine_meta() -> dict:
             "torch": torch.__version__, "backend": "gloo", "engine_stamp": engine_stamp()}
 
 
+def find_saved(start: Path | None = None) -> Path | None:
+    """$TINYINFER_TP_JSON, else _build/tp-gloo.json in this folder or one of its parents."""
+    if os.environ.get("TINYINFER_TP_JSON"):
+        return Path(os.environ["TINYINFER_TP_JSON"])
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents[:3]):
+        if (folder / "_build" / SAVED_NAME).exists():
+            return folder / "_build" / SAVED_NAME
+    return None
+
+
 def load(path: str | Path | None = None) -> dict:
-    path = Path(path or os.environ.get("TINYINFER_TP_JSON") or STORED)
+    """A report: `path`, else this machine's own run (find_saved), else the stored copy.
+    report['stored'] says whether it is the stored copy."""
+    path = Path(path or find_saved() or STORED)
     report = json.loads(path.read_text())
     for key in ("meta", "allreduce", "steps"):
         if key not in report:
             raise ValueError(f"{path}: not a tensor-parallel report (no {key!r}); make one with benchmarks/tp_gloo.py")
     report["source"] = str(path)
+    report["stored"] = path.resolve() == STORED.resolve()
     return report
 
 
