@@ -30,10 +30,10 @@ class ReferenceSessionRouter:
         by_id = {r.id: r for r in replicas}
         wanted = self.home.get(request.session_id, self.prompt_home.get(request.prefix_id))
         pick = by_id.get(wanted)
-        if pick is None or pick.outstanding > least + self.slack:
-            idle = [r for r in replicas if r.outstanding == least]
-            pick = by_id.get(self.prompt_home.get(request.prefix_id)) if \
-                self.prompt_home.get(request.prefix_id) in {r.id for r in idle} else idle[0]
+        if pick is None or pick.outstanding > least + self.slack:  # gone, or too busy: move
+            idlest = [r for r in replicas if r.outstanding == least]
+            warm = self.prompt_home.get(request.prefix_id)
+            pick = next((r for r in idlest if r.id == warm), idlest[0])
         self.home[request.session_id] = pick.id
         self.prompt_home.setdefault(request.prefix_id, pick.id)
         return pick
