@@ -143,7 +143,8 @@ def explain(report: dict) -> str:
     ratios = [r["two_processes_s"] / r[both] for r in steps]
     text = [
         f"Fitted to the measured all-reduces, the ring's link between two processes on this CPU has "
-        f"alpha = {fit.latency * 1e6:.0f} µs per step and carries {fit.bandwidth / 1e9:.1f} GB/s: one token's "
+        f"alpha = {fit.latency * 1e6:.0f} µs per step and beta = {1e9 / fit.bandwidth:.2f} ns per byte "
+        f"({fit.bandwidth / 1e9:.1f} GB/s): one token's "
         f"activations ({one_token:,} bytes) take {t_one * 1e6:.0f} µs to sum, "
         f"{2 * fit.latency / t_one:.0%} of it latency.",
         f"For {first['tokens']} token{'s' if first['tokens'] > 1 else ''} per step, two processes took "
