@@ -8,8 +8,8 @@ import math
 import pytest
 
 from tinyinfer.fleet import (POLICIES, Autoscale, Failure, KVLink, ReplicaConfig, StepCostModel, calibrate,
-                             compare_disaggregation, make_workload, simulate, simulate_disaggregated,
-                             workload_from)
+                             compare_disaggregation, make_chat_workload, make_workload, simulate,
+                             simulate_disaggregated, workload_from)
 
 COST = StepCostModel(prefill_s_per_token=2e-3, decode_base_s=50e-3, decode_s_per_seq=5e-3)
 
@@ -32,6 +32,52 @@ def test_workload_is_seeded_and_has_the_asked_rate():
     assert all(10 <= r.prompt_len <= 20 and r.output_len in (1, 100) for r in a)
     fixed = make_workload(5, rate=2.0, arrival="fixed")
     assert [r.arrival_time for r in fixed] == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def test_session_workload_resends_each_conversation_with_its_history():
+    wl = make_chat_workload(40, rate=1.0, turns=(2, 5), num_system_prompts=3, system_len=100,
+                               user_len=(5, 9), output_len=(3, 7), seed=3)
+    assert wl == make_chat_workload(40, rate=1.0, turns=(2, 5), num_system_prompts=3, system_len=100,
+                                       user_len=(5, 9), output_len=(3, 7), seed=3)
+    assert [r.request_id for r in wl] == list(range(len(wl)))
+    assert all(a.arrival_time <= b.arrival_time for a, b in zip(wl, wl[1:]))
+    sessions = {}
+    for r in wl:
+        sessions.setdefault(r.session_id, []).append(r)
+    assert len(sessions) == 40 and all(2 <= len(turns) <= 5 for turns in sessions.values())
+    for sid, (first, *later) in sessions.items():
+        # A first turn shares only its system prompt; every later turn's prefix is
+        # the previous turn's prompt and reply, which only this session has.
+        assert first.prefix_id in range(3) and first.prefix_len == 100 and 105 <= first.prompt_len <= 109
+        before = first
+        for turn in later:
+            assert turn.prefix_id == 3 + sid
+            assert turn.prefix_len == before.prompt_len + before.output_len
+            assert 5 <= turn.prompt_len - turn.prefix_len <= 9
+            before = turn
+
+
+@pytest.mark.parametrize("bad, match", [(dict(num_sessions=0), "num_sessions"), (dict(rate=0), "rate"),
+                                        (dict(num_system_prompts=0), "num_system_prompts"),
+                                        (dict(think_time=0), "think_time")])
+def test_session_workload_refuses_bad_settings(bad, match):
+    args = dict(num_sessions=5, rate=1.0) | bad
+    with pytest.raises(ValueError, match=match):
+        make_chat_workload(**args)
+
+
+def test_keeping_sessions_on_their_replica_reuses_their_history():
+    """The lab's routing task rests on this: a later turn that returns to its
+    replica skips its history; power of two scatters sessions and recomputes them."""
+    from tinyinfer.labcheck import ReferenceSessionRouter
+
+    wl = make_chat_workload(60, rate=1.0, seed=0)
+    config = ReplicaConfig(max_num_seqs=8, prefix_cache_slots=16)
+    sticky = simulate(wl, 4, COST, ReferenceSessionRouter(), config)
+    scattered = simulate(wl, 4, COST, "power_of_two", config)
+    assert accounted(sticky) and accounted(scattered)
+    assert sticky.prefix_cache_hit_tokens > 1.5 * scattered.prefix_cache_hit_tokens
+    assert sticky.ttft.p95 < scattered.ttft.p95
 
 
 @pytest.mark.parametrize("policy", POLICIES)

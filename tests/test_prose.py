@@ -272,7 +272,6 @@ ANCHORS = [
     # lab 8
     ("08-fleets.ipynb", "Sections # to # measure a real server", "tinyinfer"),
     ("08-fleets.ipynb", "Sections # to # are a simulation", "simulat"),
-    ("08-fleets.ipynb", "match the table in section #", "power_of_two"),
     # lab 10
     ("10-beyond-one-reply.ipynb", "the factor §# printed", "prefill"),
     # lab 11

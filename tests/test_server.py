@@ -424,6 +424,21 @@ def test_full_queue_answers_429_and_accepted_requests_complete(small):
     assert wait_idle(small.engine)
 
 
+def test_benchmark_counts_the_429s_as_sent_refused_and_never_good(small):
+    """What lab 8 shows: a burst past --max-waiting, measured by tinyinfer.bench. The
+    refused requests are counted apart from failures, and goodput, even with an
+    SLO every served request meets, counts only the served ones."""
+    from tinyinfer.bench import run_benchmark
+
+    res = run_benchmark(small.url, MODEL, num_prompts=8, max_concurrency=None, input_len=8, output_len=4,
+                        goodput={"e2el": 1e9})
+    assert res.rejected > 0 and res.failed == 0 and res.completed + res.rejected == 8
+    assert {r.http_status for r in res.records if r.status == "rejected"} == {429}
+    assert res.request_goodput * res.duration == pytest.approx(res.completed)
+    assert "Rejected requests (429):" in res.table() and f"{res.rejected}" in res.table()
+    assert wait_idle(small.engine)
+
+
 def test_engine_step_failure_gives_500_and_server_keeps_serving(small, monkeypatch, caplog):
     engine = small.engine
     real_step = engine.step

@@ -446,3 +446,19 @@ def tensor_parallel_step(params: float, num_layers: int, hidden_size: int, n: in
     compute = forward_cost(params, batch, new_tokens, bytes_per_param=bytes_per_param).time(roofline) / n
     message = batch * new_tokens * hidden_size * activation_bytes
     return TensorParallelStep(n, compute, 2 * num_layers * allreduce_time(message, n, link))
+
+
+def pipeline_bubble(stages: int, micro_batches: int) -> float:
+    """The share of time each stage of a pipeline sits idle: (p - 1) / (m + p - 1).
+
+    With p stages (each GPU a block of layers) and the batch cut into m
+    micro-batches, the last stage starts only after the first micro-batch has
+    passed the p - 1 stages before it, and the first stage has nothing to do
+    while the last micro-batch finishes downstream. A pass takes m + p - 1
+    stage-times, of which each stage works m. More micro-batches shrink the bubble;
+    one request decoding alone (m = 1) leaves every stage idle (p - 1) / p of the time."""
+    if not (isinstance(stages, int) and stages >= 1):
+        raise ValueError(f"stages={stages!r} is invalid: must be an integer >= 1")
+    if not (isinstance(micro_batches, int) and micro_batches >= 1):
+        raise ValueError(f"micro_batches={micro_batches!r} is invalid: must be an integer >= 1")
+    return (stages - 1) / (micro_batches + stages - 1)

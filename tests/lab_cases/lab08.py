@@ -1,51 +1,72 @@
 """Lab 8 (from one machine to a fleet): wrong implementations each check must
 reject, and the reference each must accept, and the course answers each must refuse. Collected by tests/test_labs.py."""
+import hashlib
 import math
-from types import SimpleNamespace
 
 import numpy as np
 
 from tinyinfer import labcheck
 from tinyinfer.bench.results import calculate_metrics
-from tinyinfer.fleet.router import PowerOfTwo
 
 
-def _least_loaded_overall(loads, rng):
-    # least-outstanding, not power of two: it never draws, so it ignores rng
-    return int(np.argmin(loads))
+# --- routing policies that are wrong for the session workload, each a class as the learner writes it
 
 
-def _one_random_replica(loads, rng):
-    # random routing: one draw, no comparison
-    return int(rng.integers(len(loads)))
+class _RoundRobin:
+    # fair in count, blind to load and to where a conversation's cache lives
+    def __init__(self):
+        self.n = 0
+
+    def choose(self, request, replicas):
+        self.n += 1
+        return replicas[self.n % len(replicas)]
 
 
-def _more_loaded_of_two(loads, rng):
-    if len(loads) == 1:
-        return 0
-    i, j = rng.choice(len(loads), size=2, replace=False)
-    return int(max(i, j, key=lambda r: (loads[r], -r)))
+class _OneRandom:
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def choose(self, request, replicas):
+        return replicas[int(self.rng.integers(len(replicas)))]
 
 
-def _with_replacement(loads, rng):
-    # may draw the same replica twice: then there is no choice at all
-    i, j = rng.choice(len(loads), size=2)
-    return int(min(i, j, key=lambda r: (loads[r], r)))
+class _LeastOutstandingOnly:
+    # balances load, but each turn lands wherever is idlest: the history is prefilled again
+    def choose(self, request, replicas):
+        return min(replicas, key=lambda r: (r.outstanding, r.id))
 
 
-def _tie_to_higher_index(loads, rng):
-    if len(loads) == 1:
-        return 0
-    i, j = rng.choice(len(loads), size=2, replace=False)
-    return int(min(i, j, key=lambda r: (loads[r], -r)))
+class _SystemPromptAffinityOnly:
+    # keeps the small shared prefix (the system prompt) warm, but sends each later
+    # turn to the least loaded replica: the long history is computed again
+    def __init__(self):
+        self.prompt_home = {}
+
+    def choose(self, request, replicas):
+        by_id = {r.id: r for r in replicas}
+        if request.prefix_id in self.prompt_home and request.prefix_id in range(4):
+            return by_id.get(self.prompt_home[request.prefix_id], replicas[0])
+        pick = min(replicas, key=lambda r: (r.outstanding, r.id))
+        self.prompt_home.setdefault(request.prefix_id, pick.id)
+        return pick
 
 
-def _tie_to_first_drawn(loads, rng):
-    # a tie goes to whichever was drawn first, not to the lower index
-    if len(loads) == 1:
-        return 0
-    i, j = rng.choice(len(loads), size=2, replace=False)
-    return int(i if loads[i] <= loads[j] else j)
+class _AffinityByRequestId:
+    # a typo: the request's id instead of the session's, so no two turns meet
+    def choose(self, request, replicas):
+        return replicas[request.request_id % len(replicas)]
+
+
+class _StickyToTheBusiest:
+    # remembers each session's replica, but falls back to the *most* loaded one
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        by_id = {r.id: r for r in replicas}
+        pick = by_id.get(self.home.get(request.session_id)) or max(replicas, key=lambda r: (r.outstanding, r.id))
+        self.home[request.session_id] = pick.id
+        return pick
 
 
 def _slo_met(r, slos):
@@ -122,8 +143,8 @@ def _p95_of_ttft(records, slos, duration):
 
 
 WRONG = {
-    "check_power_of_two": [_least_loaded_overall, _one_random_replica, _more_loaded_of_two, _with_replacement,
-                           _tie_to_higher_index, _tie_to_first_drawn],
+    "check_session_router": [_RoundRobin, _OneRandom, _LeastOutstandingOnly, _SystemPromptAffinityOnly,
+                             _AffinityByRequestId, _StickyToTheBusiest],
     "check_p95_and_goodput": [_nearest_rank_p95, _p95_in_seconds, _slos_compared_in_seconds, _goodput_per_request,
                               _any_slo_is_enough, _one_token_misses_tpot, _strict_less_than, _p95_of_ttft,
                               _p95_over("failed as 0"), _p95_over("with a tpot"), _p95_over("good")],
@@ -133,12 +154,15 @@ WRONG = {
 # --- correct implementations written here, independently of labcheck and the engine
 
 
-def _two_choices(loads, rng):
-    if len(loads) < 2:
-        return 0
-    pair = [int(x) for x in rng.choice(len(loads), size=2, replace=False)]
-    pair.sort(key=lambda r: (loads[r], r))  # fewer outstanding first; a tie to the lower index
-    return pair[0]
+class _BoundedSessionHash:
+    """Bounded-load consistent hashing on the session: each session's replicas in
+    the order of a keyed hash (rendezvous), the first one whose load is within
+    one request of the fleet's mean plus one."""
+
+    def choose(self, request, replicas):
+        mean = sum(r.outstanding for r in replicas) / len(replicas)
+        ranked = sorted(replicas, key=lambda r: hashlib.sha256(f"{request.session_id}:{r.id}".encode()).digest())
+        return next((r for r in ranked if r.outstanding <= mean + 1), ranked[0])
 
 
 def _percentile(values, q):
@@ -159,23 +183,17 @@ def _p95_goodput(records, slos, duration):
     return _percentile([r.e2el * 1e3 for r in ok], 95), good / duration
 
 
-def _engine_router(loads, rng):
-    router = PowerOfTwo()
-    router.rng = rng  # the check's generator, so the draws are the same
-    return router.choose(None, [SimpleNamespace(id=i, outstanding=n) for i, n in enumerate(loads)]).id
-
-
 def _library(records, slos, duration):
     res = calculate_metrics(records, duration, percentiles=(95,), goodput=slos)
     return res.e2el.p(95), res.request_goodput
 
 
 REFERENCE = {
-    "check_power_of_two": lambda: _two_choices,
+    "check_session_router": lambda: _BoundedSessionHash,
     "check_p95_and_goodput": lambda: _p95_goodput,
 }
 ANSWERS = {
-    "check_power_of_two": [labcheck.reference_power_of_two, _engine_router],
+    "check_session_router": [labcheck.ReferenceSessionRouter],
     # The definition itself: tinyinfer.bench's metrics, which follow vLLM's benchmark.
     "check_p95_and_goodput": [labcheck.reference_p95_and_goodput, _library],
 }

@@ -22,10 +22,10 @@ from .replica import ReplicaConfig
 from .report import FleetReport, ReplicaStats, RequestResult
 from .router import POLICIES, make_policy
 from .simulator import Autoscale, Failure, simulate
-from .workload import SimRequest, make_workload, workload_from
+from .workload import SimRequest, make_chat_workload, make_workload, workload_from
 
 __all__ = [
-    "SimRequest", "make_workload", "workload_from",
+    "SimRequest", "make_workload", "make_chat_workload", "workload_from",
     "StepCostModel", "calibrate", "calibrate_steps", "fit_steps",
     "ReplicaConfig", "POLICIES", "make_policy",
     "Failure", "Autoscale", "simulate",

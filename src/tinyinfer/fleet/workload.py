@@ -32,6 +32,7 @@ class SimRequest:
     output_len: int  # tokens to generate (the request runs to max_tokens)
     prefix_id: int | None = None
     prefix_len: int = 0
+    session_id: int | None = None  # the conversation this turn belongs to (make_chat_workload)
 
     def __post_init__(self):
         if self.prompt_len < 1:
@@ -71,6 +72,54 @@ def make_workload(num_requests: int, rate: float, prompt_len=128, output_len=64,
         plen = int(prompts[i]) + (prefix_len if pid is not None else 0)
         reqs.append(SimRequest(i, float(times[i]), plen, int(outputs[i]), pid, prefix_len if pid is not None else 0))
     return reqs
+
+
+def make_chat_workload(num_sessions: int, rate: float, turns=(2, 6), num_system_prompts: int = 4,
+                          system_len: int = 400, user_len=(16, 64), output_len=(16, 64),
+                          think_time: float = 8.0, seed: int = 0) -> list[SimRequest]:
+    """Chat sessions: a seeded list of requests sorted by arrival time.
+
+    Sessions start as a Poisson process of `rate` per second. Each picks one of
+    `num_system_prompts` system prompts of `system_len` tokens and has a number
+    of turns (drawn from `turns`); a turn arrives on average `think_time` s after
+    the one before. A chat client sends the whole conversation every turn, so:
+
+      turn 1 of a session   prompt = system prompt + the user's message;
+                            its prefix is the system prompt, shared with every
+                            session that picked it: prefix_id = the prompt's number
+                            (0 .. num_system_prompts - 1)
+      turn k > 1            prompt = everything so far (system prompt, earlier
+                            messages and replies) + the new message; its prefix is
+                            that history, which only this session has:
+                            prefix_id = num_system_prompts + session number
+
+    A replica that served turn k - 1 holds turn k's prefix in its cache; any other
+    replica must compute it again. Every request carries its session_id."""
+    if not (isinstance(num_sessions, int) and num_sessions >= 1):
+        raise ValueError(f"num_sessions={num_sessions!r} is invalid: must be an integer >= 1")
+    if not rate > 0:
+        raise ValueError(f"rate={rate!r} is invalid: must be > 0 sessions/s")
+    if not (isinstance(num_system_prompts, int) and num_system_prompts >= 1) or system_len < 1:
+        raise ValueError("num_system_prompts and system_len must be integers >= 1")
+    if not think_time > 0:
+        raise ValueError(f"think_time={think_time!r} is invalid: must be > 0 seconds")
+    rng = np.random.default_rng(seed)
+    starts = arrival_times(num_sessions, rate, "poisson", rng)
+    num_turns = sample_lengths(turns, num_sessions, rng, "turns")
+    systems = rng.integers(0, num_system_prompts, size=num_sessions)
+    rows = []
+    for s in range(num_sessions):
+        t, history = float(starts[s]), system_len
+        users = sample_lengths(user_len, num_turns[s], rng, "user_len")
+        outputs = sample_lengths(output_len, num_turns[s], rng, "output_len")
+        for k in range(num_turns[s]):
+            pid = int(systems[s]) if k == 0 else num_system_prompts + s
+            rows.append((t, history + users[k], outputs[k], pid, history, s))
+            history += users[k] + outputs[k]  # the reply joins the conversation
+            t += float(rng.exponential(think_time))
+    rows.sort(key=lambda r: r[0])
+    return [SimRequest(i, t, plen, out, pid, plen_prefix, sid) for i, (t, plen, out, pid, plen_prefix, sid)
+            in enumerate(rows)]
 
 
 def workload_from(records) -> list[SimRequest]:

@@ -1,12 +1,12 @@
-"""Lab 8 (from one machine to a fleet): checks for the power-of-two-choices
-routing policy, and for p95 latency and goodput computed from a benchmark's
-per-request records. Expected values come from the engine: the fleet
-simulator's PowerOfTwo router and tinyinfer.bench's calculate_metrics."""
+"""Lab 8 (from one machine to a fleet): checks for a routing policy of the
+learner's design, judged in the fleet simulator against power of two on a
+workload of chat sessions, and for p95 latency and goodput computed from a
+benchmark's per-request records (expected values from tinyinfer.bench's
+calculate_metrics)."""
 from __future__ import annotations
 
+import functools
 import math
-from types import SimpleNamespace
-
 import numpy as np
 
 from .core import Case, run_check
@@ -15,12 +15,28 @@ from .registry import Lab
 # ---------------------------------------------------------------- lab 8: fleets
 
 
-def reference_power_of_two(loads: list[int], rng: np.random.Generator) -> int:
-    """The course's answer to lab 8's power_of_two exercise."""
-    if len(loads) == 1:
-        return 0  # nothing to choose between, and no random draw spent
-    i, j = (int(x) for x in rng.choice(len(loads), size=2, replace=False))
-    return min(i, j, key=lambda r: (loads[r], r))  # fewer outstanding; a tie goes to the lower index
+class ReferenceSessionRouter:
+    """The course's answer to lab 8's routing design task: session affinity with a
+    bounded load. A conversation's turns go to the replica that served its last
+    turn (its cache holds the history), unless that replica has more than `slack`
+    requests beyond the least loaded one; a first turn goes to the least loaded
+    replica, preferring one that already served the same system prompt."""
+
+    def __init__(self, slack: int = 2):
+        self.slack, self.home, self.prompt_home = slack, {}, {}
+
+    def choose(self, request, replicas):
+        least = min(r.outstanding for r in replicas)
+        by_id = {r.id: r for r in replicas}
+        wanted = self.home.get(request.session_id, self.prompt_home.get(request.prefix_id))
+        pick = by_id.get(wanted)
+        if pick is None or pick.outstanding > least + self.slack:  # gone, or too busy: move
+            idlest = [r for r in replicas if r.outstanding == least]
+            warm = self.prompt_home.get(request.prefix_id)
+            pick = next((r for r in idlest if r.id == warm), idlest[0])
+        self.home[request.session_id] = pick.id
+        self.prompt_home.setdefault(request.prefix_id, pick.id)
+        return pick
 
 
 def reference_p95_and_goodput(records, slos_ms: dict, duration: float) -> tuple[float, float]:
@@ -32,54 +48,72 @@ def reference_p95_and_goodput(records, slos_ms: dict, duration: float) -> tuple[
     return p95, len(good) / duration
 
 
-# --- power of two choices ------------------------------------------------------
+# --- a routing policy of the learner's design ------------------------------------
+
+# The session workload and fleet the routing task is judged on: 120 chat sessions
+# (2 to 6 turns, 4 shared system prompts of 400 tokens) on 8 replicas. Each seed
+# is a fresh workload, so a policy cannot be tuned to one draw of it.
+SESSION_SEEDS = (1, 2, 3, 4, 5)
+SESSION_MARGIN = 0.25  # p95 TTFT at least 25% below power of two's, on every seed
+SESSION_FLEET = dict(num_sessions=120, rate=2.0, replicas=8, max_num_seqs=8, prefix_cache_slots=16)
 
 
-def _replay(fn, loads: list[int], seed: int, calls: int) -> list[int]:
-    """The indices fn picks in `calls` calls sharing one seeded generator (the
-    loads stay fixed, so the draws are all that changes)."""
-    rng = np.random.default_rng(seed)
-    return [fn(list(loads), rng) for _ in range(calls)]
+def session_fleet(seed: int):
+    """(workload, replicas, cost model, replica config) of the routing task for one seed."""
+    from ..fleet import ReplicaConfig, StepCostModel, make_chat_workload
+
+    f = SESSION_FLEET
+    return (make_chat_workload(f["num_sessions"], f["rate"], seed=seed), f["replicas"], StepCostModel(),
+            ReplicaConfig(max_num_seqs=f["max_num_seqs"], prefix_cache_slots=f["prefix_cache_slots"]))
 
 
-def _same_picks(got, expected) -> bool:
-    return (isinstance(got, list) and len(got) == len(expected)
-            and all(isinstance(g, (int, np.integer)) and int(g) == e for g, e in zip(got, expected)))
+def session_p95(policy, seed: int) -> float:
+    """p95 TTFT (s) of the session workload for this seed under `policy` (a name or an object)."""
+    from ..fleet import simulate
+
+    workload, n, cost, config = session_fleet(seed)
+    return simulate(workload, n, cost, policy, config, seed=seed).ttft.p95
 
 
-def _engine_picks(loads: list[int], seed: int, calls: int) -> list[int]:
-    """What the fleet simulator's PowerOfTwo router picks, call after call, for
-    replicas with these outstanding counts (ids 0, 1, ...; its rng seeded alike)."""
-    from ..fleet.router import PowerOfTwo  # here, not at the top: tinyinfer.fleet takes a while to import
+class _AtMost:
+    """An expected value that is a bound: printed as the bound and its reason."""
 
-    router = PowerOfTwo(seed)
-    replicas = [SimpleNamespace(id=i, outstanding=n) for i, n in enumerate(loads)]
-    return [router.choose(None, replicas).id for _ in range(calls)]
+    def __init__(self, limit: float, baseline: float):
+        self.limit, self.baseline = limit, baseline
 
-
-def _power_of_two_cases() -> list[Case]:
-    rows = [
-        ([5, 0, 3, 7], 0, 8, "four replicas, one idle"),
-        ([2, 2, 2], 1, 6, "all equal: every tie goes to the lower index"),
-        ([4], 2, 3, "a single replica: return 0 without drawing"),
-        ([9, 1], 3, 4, "two replicas: both are always drawn"),
-        ([3, 8, 1, 1, 6, 0, 2, 5], 4, 12, "eight replicas"),
-        ([0, 4, 4, 9, 4, 1], 5, 10, "six replicas with ties"),
-    ]
-    return [Case((loads, seed, calls), _engine_picks(loads, seed, calls),
-                 f"loads={loads}, {calls} calls with rng = np.random.default_rng({seed})  ({note})")
-            for loads, seed, calls, note in rows]
+    def __repr__(self):
+        return (f"p95 TTFT <= {self.limit:.2f} s (power of two's {self.baseline:.2f} s, "
+                f"less {SESSION_MARGIN:.0%})")
 
 
-def check_power_of_two(fn) -> bool:
-    """fn(loads, rng) -> index: draw two different replicas with
-    rng.choice(len(loads), size=2, replace=False) and take the less loaded."""
-    # Each case replays several calls on one seeded generator, so a learner who
-    # draws differently (with replacement, say) gets different picks.
-    from ..fleet.router import PowerOfTwo
+def _under(got, expected: _AtMost) -> bool:
+    return isinstance(got, (float, int, np.floating)) and not isinstance(got, bool) and got <= expected.limit
 
-    return run_check("power_of_two", lambda loads, seed, calls: _replay(fn, loads, seed, calls),
-                     _power_of_two_cases, same=_same_picks, forbidden=(reference_power_of_two, PowerOfTwo))
+
+@functools.lru_cache(maxsize=None)
+def _baseline_p95(seed: int) -> float:
+    return session_p95("power_of_two", seed)  # the same for every learner: computed once per seed
+
+
+def _session_cases() -> list[Case]:
+    cases = []
+    for seed in SESSION_SEEDS:
+        baseline = _baseline_p95(seed)
+        workload = session_fleet(seed)[0]
+        cases.append(Case((seed,), _AtMost((1 - SESSION_MARGIN) * baseline, baseline),
+                          f"seed {seed}: {len(workload)} requests from {SESSION_FLEET['num_sessions']} chat sessions "
+                          f"on {SESSION_FLEET['replicas']} replicas"))
+    return cases
+
+
+def check_session_router(make_router) -> bool:
+    """make_router() -> a fresh policy object with .choose(request, replicas). On
+    the session workload of every seed in SESSION_SEEDS, its p95 TTFT must be at
+    least SESSION_MARGIN below the power of two's."""
+    def p95(seed):
+        return session_p95(make_router(), seed)  # a fresh router per run: no memory carried between seeds
+
+    return run_check("session_router", p95, _session_cases, same=_under, forbidden=(ReferenceSessionRouter,))
 
 
 # --- p95 and goodput -----------------------------------------------------------
@@ -158,6 +192,6 @@ def check_p95_and_goodput(fn) -> bool:
 
 
 LAB = Lab(8, "from one machine to a fleet",
-          exports=("check_power_of_two", "check_p95_and_goodput", "reference_power_of_two",
-                   "reference_p95_and_goodput"),
-          fallbacks={"check_power_of_two": reference_power_of_two, "check_p95_and_goodput": reference_p95_and_goodput})
+          exports=("check_session_router", "check_p95_and_goodput", "ReferenceSessionRouter",
+                   "reference_p95_and_goodput", "session_fleet", "session_p95", "SESSION_SEEDS", "SESSION_MARGIN"),
+          fallbacks={"check_session_router": ReferenceSessionRouter, "check_p95_and_goodput": reference_p95_and_goodput})
