@@ -8,7 +8,8 @@
 #   make record  re-execute every solution, in order, on this engine (then make labs); idle machine!
 #   make test-portable  the strict notebooks under another CPU's kernels (AVX2, then none)
 #   make peers   tinyinfer beside llama.cpp and vLLM CPU on this machine (sets both up once, outside the repo)
-#   make fleet   two replicas behind vLLM's router, three policies, beside the simulator (a few minutes)
+#   make fleet   two replicas behind vLLM's router, three policies, beside the simulator; then
+#                all-reduce and a 2-way tensor-parallel MLP over two gloo processes (a few minutes)
 #   make clean   remove _build/
 #
 # Everything runs in a virtual environment, $(VENV), created on first use.
@@ -138,6 +139,7 @@ peers: $(STAMP)
 fleet: $(STAMP)
 	@mkdir -p _build
 	$(PY) benchmarks/fleet_router.py --save _build/fleet-router.json
+	$(PY) benchmarks/tp_gloo.py --save _build/tp-gloo.json
 
 clean:
 	rm -rf _build
