@@ -60,6 +60,9 @@ def engine_stamp() -> dict:
     return fingerprint.stamp(fingerprint.module_hashes(engine_modules()))
 
 
+TODAY_COMMAND = "python benchmarks/gpu_check.py engine"  # README, "On a GPU"
+
+
 def engine_note(report: dict, today: dict | None = None) -> str:
     """One sentence on the engine behind the report: today's, an older one, or unknown
     (fingerprint.stamp_note, the same wording as the peers reports'), and for a report
@@ -69,9 +72,9 @@ def engine_note(report: dict, today: dict | None = None) -> str:
     stamp = meta.get("engine_stamp") or {}
     if stamp.get("engine_fingerprint", "unknown") != "unknown":
         today = today or engine_stamp()
-    command = meta.get("command") or "the GPU check"
+    # Today's engine is measured by today's GPU check, whatever script made this report.
     note = fingerprint.stamp_note(stamp, meta.get("date", "an unknown date"), today or {}, "`LLM`",
-                                  "these rows", f"`{command}` on a CUDA GPU measures today's")
+                                  "these rows", f"`{TODAY_COMMAND}` on a CUDA GPU measures today's")
     if stamp.get("engine_fingerprint", "unknown") == "unknown":
         moved = changed_since(stamp.get("engine_commit", "unknown"))
         if moved:

@@ -162,7 +162,7 @@ def engine_note(report: dict, today: dict | None = None) -> str:
     meta = report["meta"]
     stamp, when = meta.get("engine_stamp") or {}, meta.get("date", "an unknown date")
     theirs = stamp.get("engine_fingerprint", "unknown")
-    where = f"on {when}, on a {meta.get('cpu', 'CPU not recorded')} with {meta.get('threads', '?')} threads"
+    where = f"on {when}, on the {meta.get('cpu', 'CPU not recorded')} with {meta.get('threads', '?')} threads"
     named = f"tinyinfer at commit {stamp.get('engine_commit', 'unknown')} (engine fingerprint {theirs})"
     today = today or engine_stamp()
     if theirs == today["engine_fingerprint"]:
