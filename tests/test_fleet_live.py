@@ -218,3 +218,16 @@ def test_engine_note_says_when_the_code_has_changed():
              "engine_modules": {**stamp["engine_modules"], "tinyinfer.fleet.live": "changed"}}
     note = R.engine_note(report, today=other)
     assert "has changed since then (1 of its modules: fleet.live" in note and "`make fleet`" in note
+
+
+def test_replay_runs_where_an_event_loop_already_runs():
+    """Lab 8 replays turns from a notebook, whose kernel runs an event loop in its
+    thread: replay must not call asyncio.run there (it would refuse to nest)."""
+    import asyncio
+
+    from tinyinfer.fleet.live_run import replay
+
+    async def inside_a_loop():
+        return replay("http://127.0.0.1:9", [], "m")  # no turns: nothing is sent
+
+    assert asyncio.run(inside_a_loop()) == []

@@ -270,8 +270,9 @@ ANCHORS = [
     # lab 7
     ("07-batching.ipynb", "(section # printed how much)", "reserved"),
     # lab 8
-    ("08-fleets.ipynb", "Sections # to # measure a real server", "tinyinfer"),
-    ("08-fleets.ipynb", "Sections # to # are a simulation", "simulat"),
+    ("08-fleets.ipynb", "Sections # to # and # measure real servers", "tinyinfer"),
+    ("08-fleets.ipynb", "Sections #, # and # are a simulation", "simulat"),
+    ("08-fleets.ipynb", "Sections # and # were simulated", "simulat"),
     # lab 10
     ("10-beyond-one-reply.ipynb", "the factor §# printed", "prefill"),
     # lab 11

@@ -31,7 +31,17 @@ WARMUP_PROMPT = "Warm-up request number"
 
 def replay(url: str, turns: list[Turn], model: str, timeout_s: float = 300.0) -> list[RequestRecord]:
     """Send every turn through `url` at its arrival time; one RequestRecord each."""
-    return asyncio.run(_replay(url, turns, model, timeout_s))
+    coro = _replay(url, turns, model, timeout_s)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # A loop already runs in this thread (Jupyter, lab 8), and asyncio.run refuses
+    # to nest: run ours on a fresh loop in a helper thread, as run_benchmark does.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def _replay(url: str, turns: list[Turn], model: str, timeout_s: float) -> list[RequestRecord]:
