@@ -56,6 +56,7 @@ from serving import install_signal_handlers  # noqa: E402
 import llama_server  # noqa: E402
 
 from tinyinfer.bench import peers as report_lib  # noqa: E402
+from tinyinfer.bench import stored  # noqa: E402
 
 NUM_PROMPTS = {1: 4, 8: 16, 32: 32}  # requests per run by default: enough for a median, not an hour
 
@@ -99,7 +100,8 @@ def machine_meta(args, threads: int) -> dict:
 
     from tinyinfer.hardware import measure_bandwidth
 
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(), "cores": os.cpu_count(),
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": stored.cpu_name(default="unknown CPU"),
+            "cores": os.cpu_count(),
             "threads": threads, "vector_units": report_lib.vector_units(), "emulation": report_lib.emulated_isa(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "bandwidth_gb_s": round(measure_bandwidth("cpu") / 1e9, 1), "input_len": args.input_len,
@@ -196,14 +198,6 @@ def _recording(peer, path):
             save(url, path)
             yield url
     return replace(peer, start=start)
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

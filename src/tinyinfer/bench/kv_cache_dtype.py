@@ -33,10 +33,10 @@ import datetime
 import json
 import math
 import os
-import platform
 from pathlib import Path
 
 from .. import fingerprint
+from . import stored
 
 DATA = Path(__file__).resolve().parent / "data"  # measurements, not engine code: see peers.py
 STORED = DATA / "kv-int8-2026-12-05-xeon-2core.json"
@@ -49,17 +49,6 @@ MODULE = "tinyinfer.bench.kv_cache_dtype"
 def engine_stamp() -> dict:
     """The fingerprint of the modules a measurement runs: this one and all it imports."""
     return fingerprint.stamp(fingerprint.module_hashes(fingerprint.closure([MODULE])))
-
-
-def cpu_name() -> str:
-    """'Intel(R) Xeon(R) ...' from /proc/cpuinfo, else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # ------------------------------------------------------------------ the three measures
@@ -122,7 +111,7 @@ def measure(model: str = "smollm2-135m-instruct", dtypes=("float32", "bfloat16")
     # For scale: how far two model dtypes part, both with the "auto" cache.
     reference = [{"compared": f"{d} vs {dtypes[0]}, both auto", **agreements(autos[dtypes[0]], autos[d])}
                  for d in dtypes[1:]]
-    meta = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
+    meta = {"date": datetime.date.today().isoformat(), "cpu": stored.cpu_name(), "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "model": model, "window": window, "max_tokens": max_tokens,
             "prompts": list(prompts), "engine_stamp": engine_stamp()}
     return {"meta": meta, "rows": rows, "reference": reference}

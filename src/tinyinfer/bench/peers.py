@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 
 from .. import fingerprint
+from . import stored
 
 VECTOR_UNITS = ("avx512_bf16", "amx_bf16", "avx512f", "avx2")  # /proc/cpuinfo flag names
 # The copies stored with the course (one `make peers` run each), beside this file
@@ -181,13 +182,7 @@ def summarize_run(result: dict, output_len: int, num_prompts: int | None = None)
 
 def find_saved(start: Path | None = None) -> Path | None:
     """$TINYINFER_PEERS_JSON, else _build/peers.json in this folder or one of its parents."""
-    if os.environ.get("TINYINFER_PEERS_JSON"):
-        return Path(os.environ["TINYINFER_PEERS_JSON"])
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents[:3]):
-        if (folder / "_build" / "peers.json").exists():
-            return folder / "_build" / "peers.json"
-    return None
+    return stored.find_saved("peers.json", "TINYINFER_PEERS_JSON", start)
 
 
 def stored_for(meta: dict | None = None) -> Path:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from .. import fingerprint
+from . import stored
 from ..hardware import Link
 
 DATA = Path(__file__).resolve().parent / "data"  # beside the peers reports: measurements, not engine code
@@ -39,32 +40,16 @@ def engine_stamp() -> dict:
     return fingerprint.stamp(fingerprint.module_hashes(fingerprint.closure(list(ROOTS))))
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine_meta() -> dict:
     import torch
 
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(), "cores": os.cpu_count(),
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": stored.cpu_name(default=platform.processor() or "unknown CPU"), "cores": os.cpu_count(),
             "torch": torch.__version__, "backend": "gloo", "engine_stamp": engine_stamp()}
 
 
 def find_saved(start: Path | None = None) -> Path | None:
     """$TINYINFER_TP_JSON, else _build/tp-gloo.json in this folder or one of its parents."""
-    if os.environ.get("TINYINFER_TP_JSON"):
-        return Path(os.environ["TINYINFER_TP_JSON"])
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents[:3]):
-        if (folder / "_build" / SAVED_NAME).exists():
-            return folder / "_build" / SAVED_NAME
-    return None
+    return stored.find_saved(SAVED_NAME, "TINYINFER_TP_JSON", start)
 
 
 def load(path: str | Path | None = None) -> dict:

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from .. import fingerprint
+from ..bench import stored
 from .live import SIM_POLICY
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data"  # beside the peers reports: not engine code
@@ -43,15 +44,7 @@ MODULES = ("tinyinfer.fleet.live", "tinyinfer.fleet.live_run", "tinyinfer.fleet.
 def machine() -> dict:
     from ..bench.peers import vector_units
 
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "vector_units": vector_units()}
+    return {"cpu": stored.cpu_name(default="unknown CPU"), "cores": os.cpu_count(), "vector_units": vector_units()}
 
 
 def router_version() -> str:
@@ -95,13 +88,7 @@ def engine_note(report: dict, today: dict | None = None) -> str:
 
 def find_saved(start: Path | None = None) -> Path | None:
     """$TINYINFER_FLEET_JSON, else _build/fleet-router.json in this folder or one of its parents."""
-    if os.environ.get("TINYINFER_FLEET_JSON"):
-        return Path(os.environ["TINYINFER_FLEET_JSON"])
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents[:3]):
-        if (folder / "_build" / SAVED_NAME).exists():
-            return folder / "_build" / SAVED_NAME
-    return None
+    return stored.find_saved(SAVED_NAME, "TINYINFER_FLEET_JSON", start)
 
 
 def load(path: str | Path | None = None) -> dict:
