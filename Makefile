@@ -59,6 +59,14 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 # with PYTHONDONTWRITEBYTECODE set, each of the run's ~60 processes would compile
 # torch and Jupyter again (~5 s each).
 unexport PYTHONDONTWRITEBYTECODE
+# Tried twice: building tinyinfer (editable, without build isolation) runs every
+# setuptools plugin installed so far, and one (the `kernels` package that
+# transformers needs) imports huggingface_hub, then httpx2, then idna. uv installs in
+# parallel, and once in a while the build ran before idna was in place
+# ("No module named 'idna'"). A second run finds everything else installed.
+UV_INSTALL = $(VENV)/bin/uv pip install --quiet --python $(PY) $$($(PY) scripts/uv_args.py) \
+	--no-build-isolation -e ".[dev]"
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "make: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@$(PIP) install --quiet "setuptools>=64" wheel $(QUIET)
@@ -72,8 +80,7 @@ $(STAMP): pyproject.toml
 	fi
 	@echo "make: installing tinyinfer[dev] (editable)"
 	@if $(PIP) install --quiet --no-compile uv $(QUIET) && \
-	    $(VENV)/bin/uv pip install --quiet --python $(PY) $$($(PY) scripts/uv_args.py) \
-	        --no-build-isolation -e ".[dev]"; then :; else \
+	    { $(UV_INSTALL) || { echo "make: uv failed once; trying again"; $(UV_INSTALL); }; }; then :; else \
 	    echo "make: uv could not install it; pip instead (a minute or two)"; \
 	    $(PIP) install --quiet --no-compile --no-build-isolation -e ".[dev]" $(QUIET); \
 	fi
