@@ -17,6 +17,19 @@ from .sampling import (PromptLogprobs, SamplerOutput, draw_rows, make_generator,
                        sample)
 
 
+def select_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """x[rows] for sorted, distinct rows, without making the host wait for a GPU.
+    x[[0, 2]] would copy the Python list to the device from ordinary (pageable)
+    memory, a copy the host waits for. Consecutive rows (all of them, say) are a
+    slice, a view that copies nothing; other rows are picked with an index copied
+    from pinned memory with non_blocking=True, which the host does not wait for."""
+    first, last = rows[0], rows[-1]
+    if last - first + 1 == len(rows):
+        return x[first : last + 1]
+    index = torch.tensor(rows, pin_memory=x.is_cuda).to(x.device, non_blocking=True)
+    return x.index_select(0, index)
+
+
 @dataclass
 class SamplingState:
     """What the sampler keeps about one sequence from step to step. It lives on
@@ -35,6 +48,8 @@ class Sampler:
                      (torch's global stream);
       seeded rows    one by one, each from its own generator, so a seeded
                      request gets the same tokens whatever else is in the batch.
+    On a GPU the host waits for the device once per group (its .tolist()), and
+    once per seeded row: not once per row, which would cost as much as the step.
     The repetition penalty comes first, for all of them at once, then the
     grammar mask of the rows that ask for structured output."""
 
@@ -52,15 +67,19 @@ class Sampler:
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         unseeded = [i for i, s in enumerate(seqs) if not s.params.greedy and s.params.seed is None]
         seeded = [i for i, s in enumerate(seqs) if not s.params.greedy and s.params.seed is not None]
-        if greedy:  # one argmax for all of them
-            for i, t in zip(greedy, processed[greedy].argmax(-1).tolist()):
+        if greedy:  # one argmax for all of them, one read to the host
+            for i, t in zip(greedy, select_rows(processed, greedy).argmax(-1).tolist()):
                 tokens[i] = t
         if unseeded:  # one filter for all of them; draw_rows takes their random numbers in one call
-            rows = processed if len(unseeded) == len(seqs) else processed[unseeded]  # all unseeded: no copy
-            probs = processed_probs_batch(rows, [seqs[i].params for i in unseeded])
+            probs = processed_probs_batch(select_rows(processed, unseeded), [seqs[i].params for i in unseeded])
             for i, t in zip(unseeded, draw_rows(probs)):
                 tokens[i] = t
-        for i in seeded:  # one at a time, each from its own stream, which no other row touches
+        # Seeded rows one at a time, each from its own stream, which no other row
+        # touches. On a GPU each still makes the host wait once (draw's int()).
+        # That is kept: a seeded request must get the same tokens alone or in any
+        # batch, and the one-row pipeline computes exactly the same thing wherever
+        # the row sits, where a batched kernel's rounding can change with the batch.
+        for i in seeded:
             tokens[i] = sample(processed[i], seqs[i].params, self.state(seqs[i], raw.device).generator)
         self.advance_grammar(seqs, tokens)
         prompt = [PromptLogprobs(p.seq, p.start, self.prompt_logprobs(p.seq, p.start, p.logits))

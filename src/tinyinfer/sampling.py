@@ -171,12 +171,24 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> int
     return _invert_running_sum(weights, u)
 
 
-def draw_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> list[int]:
+def draw_rows(weights: torch.Tensor, generator: torch.Generator | None = None,
+              batched: bool | None = None) -> list[int]:
     """draw() for every row of weights [M, V]: the M uniform numbers in one call,
     then each row's running sum on its own. One row's float64 sum (384 KiB) stays
     in cache and its memory is reused; a [M, V] sum is a new, M times larger block
-    each step (the sampler took 2-4x as long at M = 16, 2-core Intel Xeon VM, 2026-12-05)."""
+    each step (the sampler took 2-4x as long at M = 16, 2-core Intel Xeon VM, 2026-12-05).
+    On a GPU it is the other way round: each row's int() makes the host wait for
+    the device (20-50 us, as long as a small model's whole step), so CUDA rows go
+    through _invert_running_sums, which waits once for all of them. batched=True
+    or False picks a path by hand (None: by the device). On a CPU both give the
+    same indices for the same u; on a GPU a one-row and a many-row running sum
+    may round differently in the last bit, so a u within rounding of a step of
+    the sum can pick the neighbouring token (same distribution, other token)."""
     u = torch.rand(weights.shape[0], 1, dtype=torch.float64, generator=generator, device=weights.device)
+    if batched is None:
+        batched = weights.is_cuda
+    if batched:
+        return _invert_running_sums(weights, u)
     return [_invert_running_sum(row, u_row) for row, u_row in zip(weights, u)]
 
 
@@ -187,6 +199,19 @@ def _invert_running_sum(weights: torch.Tensor, u: torch.Tensor) -> int:
     if i == weights.numel():  # u rounded up to the total (about 1 in 2**53): the last entry with weight
         i = int(torch.nonzero(weights)[-1])
     return i
+
+
+def _invert_running_sums(weights: torch.Tensor, u: torch.Tensor) -> list[int]:
+    """_invert_running_sum for every row of weights [M, V] at once, u [M, 1]: one
+    [M, V] running sum, one search per row in one call, one read to the host."""
+    cdf = weights.double().cumsum(-1)
+    i = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [M, 1]
+    # u rounded up to the total: the last entry with weight, as in the one-row
+    # version. Worked out for every row, because asking which rows need it
+    # would be a read to the host of its own.
+    positions = torch.arange(weights.shape[-1], device=weights.device)
+    last = torch.where(weights != 0, positions, -1).amax(-1, keepdim=True)
+    return torch.where(i == weights.shape[-1], last, i).squeeze(-1).tolist()
 
 
 def make_generator(seed: int | None, device) -> torch.Generator | None:
@@ -215,27 +240,41 @@ def processed_probs_batch(logits: torch.Tensor, params: list[SamplingParams]) ->
     greedy: logits [M, V], penalty already applied -> probabilities [M, V].
     The same steps as process_logits, with each setting turned into a column of
     M values, so every row goes through the same few tensor operations. A step
-    that no row asks for is skipped, as the one-row processors skip it."""
-    def column(values):
-        return torch.tensor(values, dtype=logits.dtype, device=logits.device)[:, None]
-
+    that no row asks for is skipped, as the one-row processors skip it. Which
+    steps run is decided from the Python settings, never by reading a tensor:
+    on a GPU each such read makes the host wait for the device."""
+    top_k = [p.top_k if 0 < p.top_k < logits.shape[-1] else 0 for p in params]  # 0: no cut
+    temperature, min_p, top_p, k = _columns(params, top_k, logits)
     if any(p.temperature != 1 for p in params):
-        logits = logits / column([p.temperature for p in params])
+        logits = logits / temperature
     if any(p.min_p > 0 for p in params):  # log(0) = -inf: a row with min_p = 0 keeps every token
-        threshold = logits.amax(-1, keepdim=True) + column([p.min_p for p in params]).log()
+        threshold = logits.amax(-1, keepdim=True) + min_p.log()
         logits = logits.masked_fill(logits < threshold, -_INF)
-    k = torch.tensor([p.top_k if 0 < p.top_k < logits.shape[-1] else 0 for p in params], device=logits.device)[:, None]
-    if k.any():  # one topk, as deep as the largest k; ties with a row's k-th score stay; k = 0 keeps all
-        kth = logits.topk(int(k.max()), -1).values.gather(-1, (k - 1).clamp(min=0))
+    if any(top_k):  # one topk, as deep as the largest k; ties with a row's k-th score stay; k = 0 keeps all
+        kth = logits.topk(max(top_k), -1).values.gather(-1, (k - 1).clamp(min=0))
         logits = logits.masked_fill((logits < kth) & (k > 0), -_INF)
     if any(p.top_p < 1 for p in params):  # as apply_top_p, row by row
         ranked, order = logits.sort(-1, descending=True)
         probs = ranked.softmax(-1)
         mass_before = probs.cumsum(-1) - probs
-        # top_p = 1 is off: compare with inf, so rounding in the sum never cuts a tail token.
-        drop = mass_before >= column([p.top_p if p.top_p < 1 else _INF for p in params])
+        drop = mass_before >= top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -_INF)
     return logits.softmax(-1)
+
+
+def _columns(params: list[SamplingParams], top_k: list[int], logits: torch.Tensor):
+    """The settings as [M, 1] columns on logits' device: temperature, min_p,
+    top_p and top_k. One table and one copy, not a copy per setting: on a GPU a
+    copy from ordinary (pageable) host memory waits for the device, one from
+    pinned memory with non_blocking=True does not (vLLM copies its settings so).
+    float64 holds every setting exactly; each is then rounded as torch.tensor
+    would round it straight to logits' dtype."""
+    # top_p = 1 is off: compare with inf, so rounding in the sum never cuts a tail token.
+    table = torch.tensor([[p.temperature for p in params], [p.min_p for p in params],
+                          [p.top_p if p.top_p < 1 else _INF for p in params], top_k],
+                         dtype=torch.float64, pin_memory=logits.is_cuda)
+    temperature, min_p, top_p, k = table.to(logits.device, non_blocking=True)[:, :, None]
+    return temperature.to(logits.dtype), min_p.to(logits.dtype), top_p.to(logits.dtype), k.long()
 
 
 # --- what a step's sampling hands the scheduler (sampler.py makes it) -----------------
