@@ -23,17 +23,22 @@ kernel for this device, it is used instead for decode-sized inputs (see
 
 On a CUDA GPU: torch's INT4 kernel ("tinygemm", the one gpt-fast uses) needs
 compute capability 8.0 or above (A100, H100, RTX 30 and later) and bf16
-activations; INT8 has a CUDA kernel in recent torch builds. Where a GPU lacks
-one (a T4, or fp16 activations), its layers take the reference path: the
-weights are de-quantized at each step, which costs time but still saves the
-memory, so INT4 and INT8 are never refused. The decision is made per device
-and per activation dtype, once, by a probe that also checks the kernel's
-numbers against the reference path.
+activations; INT8 has a CUDA kernel in recent torch builds, but a naive one,
+so on a GPU it is timed against de-quantize + cuBLAS and used only if it is
+not slower (choose_int8_cuda). Where a GPU lacks a kernel (a T4, or fp16
+activations for INT4), or its kernel loses, its layers take the reference
+path: the weights are de-quantized at each step, which costs time but still
+saves the memory, so INT4 and INT8 are never refused. The decision is made per
+device and per activation dtype, once, by a probe that also checks the
+kernel's numbers against the reference path; kernel_reason() says what it chose
+and why.
 
 Like gpt-fast's `replace_linear_int8`, `quantize_model` swaps the nn.Linear
 modules of the decoder layers for Int8Linear / Int4Linear in place.
 """
 from __future__ import annotations
+
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +72,8 @@ META_DTYPE = torch.float16  # INT4 scales and zeros: 2 bytes each, as in GGUF's 
 # and fp32 prompts of 5-16 rows into a kernel 2-20x slower.)
 # fp16 takes bf16's limits (the same width; not measured here). A dtype not
 # listed never takes a kernel. A CUDA GPU takes the same limits; they were not
-# measured there (tinygemm is made for a few rows, as these kernels are).
+# measured there (tinygemm is made for a few rows, as these kernels are; the
+# CUDA INT8 kernel is used only where it won a timing at 1 row and at its limit).
 KERNEL_MAX_ROWS = {("int4", torch.bfloat16): 64, ("int4", torch.float16): 64,
                    ("int8", torch.bfloat16): 16, ("int8", torch.float16): 16,
                    ("int4", torch.float32): 4, ("int8", torch.float32): 4}
@@ -148,6 +154,7 @@ def dequantize_int4(packed, scales, zeros, group_size: int, dtype=torch.float32)
 
 _KERNEL_OK: dict = {}
 _KERNEL_ERRORS: dict = {}  # kernels that exist but failed: a bug to report, not a missing feature
+_KERNEL_NOTES: dict = {}  # measured choices (the CUDA INT8 kernel) and why, for kernel_reason
 # torch's CUDA INT4 kernel: tensor-core instructions of compute capability 8.0, and bf16 activations only.
 CUDA_INT4_CAPABILITY = (8, 0)
 
@@ -181,44 +188,145 @@ def kernel_missing(kind: str, device, dtype) -> str | None:
 
 def kernel_available(kind: str, device, dtype) -> bool:
     """Does torch have a working packed-weight matmul for `kind` on this device
-    and dtype? Tried once per device on a tiny input (ops differ across
-    versions, builds and GPUs), and its result compared with the reference path.
-    A kernel the device cannot have (kernel_missing), or an op this build lacks
-    (NotImplementedError, AttributeError), just means no; an op that exists but
-    fails or computes wrong numbers also means no, so generation falls back to
-    the reference path, but the failure is kept for kernel_error() (and tests fail on it)."""
+    and dtype, worth using? Decided once per device and dtype (ops differ across
+    versions, builds and GPUs). A kernel the device cannot have (kernel_missing),
+    or an op this build lacks (NotImplementedError, AttributeError), just means
+    no; an op that exists but fails or computes wrong numbers also means no, so
+    generation falls back to the reference path, but the failure is kept for
+    kernel_error() (and tests fail on it). On a CUDA GPU the INT8 kernel must
+    also be as fast as the reference path (see choose_int8_cuda); kernel_reason()
+    says what was decided and why."""
     key = (kind, device_key(device), dtype)
-    if key not in _KERNEL_OK and kernel_missing(kind, device, dtype) is not None:
-        _KERNEL_OK[key] = False
     if key not in _KERNEL_OK:
-        try:
-            g = torch.Generator(device=device).manual_seed(0)  # not the global stream: the probe draws no user's numbers
-            w = torch.randn(64, 128, device=device, generator=g)
-            x = torch.randn(2, 128, device=device, generator=g).to(dtype)
-            layer = Int8Linear(128, 64) if kind == "int8" else Int4Linear(128, 64, 32)
-            layer.weight, layer.scales, *zeros = quantize_int8(w) if kind == "int8" else quantize_int4(w, 32)
-            if zeros:
-                layer.zeros = zeros[0]
-            for name, tensor in layer.make_layout(dtype).items():
-                setattr(layer, name, tensor)
-            got = layer._kernel_forward(x).float()
-            layer.use_kernel = False
-            want = layer(x).float()  # the reference path
-            if not (got - want).abs().max() <= 0.05 * want.abs().max():  # also False for NaN
-                raise RuntimeError(f"its result differs from the reference path's by "
-                                   f"{(got - want).abs().max().item():.3g} (largest value {want.abs().max().item():.3g})")
-            _KERNEL_OK[key] = True
-        except (NotImplementedError, AttributeError):
-            _KERNEL_OK[key] = False
-        except RuntimeError as e:
-            _KERNEL_OK[key], _KERNEL_ERRORS[key] = False, f"{type(e).__name__}: {e}"
+        _KERNEL_OK[key] = _decide_kernel(kind, device, dtype, key)
     return _KERNEL_OK[key]
+
+
+def _decide_kernel(kind: str, device, dtype, key) -> bool:
+    """kernel_available's answer, made now; failures go to _KERNEL_ERRORS[key]."""
+    if kernel_missing(kind, device, dtype) is not None:
+        return False
+    try:
+        check_kernel_numbers(kind, device, dtype)
+        if kind == "int8" and torch.device(device).type == "cuda":
+            # Numbers alone are not enough here: see choose_int8_cuda.
+            use, _KERNEL_NOTES[key] = choose_int8_cuda(time_int8_cuda(device, dtype))
+            return use
+        return True
+    except (NotImplementedError, AttributeError):
+        return False
+    except RuntimeError as e:
+        _KERNEL_ERRORS[key] = f"{type(e).__name__}: {e}"
+        return False
+
+
+def _probe_layer(kind: str, w: torch.Tensor, dtype) -> QuantizedLinear:
+    """A quantized layer of w with its kernel layout made for dtype, directly:
+    from_weight would ask kernel_available, which is what is being decided.
+    use_kernel is off, so calling it takes the reference path."""
+    out, inp = w.shape
+    layer = Int8Linear(inp, out, use_kernel=False) if kind == "int8" else Int4Linear(inp, out, 32, use_kernel=False)
+    layer.weight, layer.scales, *zeros = quantize_int8(w) if kind == "int8" else quantize_int4(w, 32)
+    if zeros:
+        layer.zeros = zeros[0]
+    for name, tensor in layer.make_layout(dtype).items():
+        setattr(layer, name, tensor)
+    return layer
+
+
+def check_kernel_numbers(kind: str, device, dtype) -> None:
+    """Run the packed kernel once on a tiny input and compare it with the
+    reference path; raise RuntimeError if they differ."""
+    g = torch.Generator(device=device).manual_seed(0)  # not the global stream: the probe draws no user's numbers
+    layer = _probe_layer(kind, torch.randn(64, 128, device=device, generator=g), dtype)
+    x = torch.randn(2, 128, device=device, generator=g).to(dtype)
+    got, want = layer._kernel_forward(x).float(), layer(x).float()
+    if not (got - want).abs().max() <= 0.05 * want.abs().max():  # also False for NaN
+        raise RuntimeError(f"its result differs from the reference path's by "
+                           f"{(got - want).abs().max().item():.3g} (largest value {want.abs().max().item():.3g})")
+
+
+# torch's CUDA INT8 kernel (`_weight_int8pack_mm`, in torch's source
+# aten/src/ATen/native/cuda/int8mm.cu) is a naive one: one thread per output
+# number, looping alone over the whole input dimension, in fp32, with no shared
+# memory or tensor cores. On a CPU the kernels are tuned and the limits above
+# were measured; on a GPU the reference path has cuBLAS, which may win even
+# after writing out a bf16 copy of the weight. So on CUDA the INT8 kernel is
+# timed against the reference path once, and used only if it is not slower.
+# (tinygemm, the CUDA INT4 kernel, is built for decode: gpt-fast uses it.)
+# The timing shape: Llama 3.2 1B's gate_proj (out 8192, in 2048), PROBE_LAYERS
+# of them, so their 64 MB of int8 codes overflow the GPU's L2 cache (50 MB on an
+# H100) and each weight comes from memory, as it does inside a decode step.
+PROBE_SHAPE = (8192, 2048)
+PROBE_LAYERS = 4
+
+
+def time_int8_cuda(device, dtype, repeats: int = 5) -> dict[int, tuple[float, float]]:
+    """Milliseconds of (torch's CUDA INT8 kernel, the reference path) through
+    PROBE_LAYERS layers of PROBE_SHAPE, for 1 row and for the most rows the
+    kernel serves (KERNEL_MAX_ROWS): the median of `repeats` rounds, after a
+    warm-up round. The two paths take turns, so a change of clock speed
+    slows both alike. Timed eagerly; a CUDA graph replays the same kernels."""
+    g = torch.Generator(device=device).manual_seed(0)
+    out, inp = PROBE_SHAPE
+    layers = [_probe_layer("int8", torch.randn(out, inp, device=device, generator=g), dtype)
+              for _ in range(PROBE_LAYERS)]
+    times = {}
+    with torch.no_grad(), torch.cuda.device(device):
+        for rows in sorted({1, max(1, KERNEL_MAX_ROWS.get(("int8", dtype), 1))}):
+            x = torch.randn(rows, inp, device=device, generator=g).to(dtype)
+            paths = (lambda: [layer._kernel_forward(x) for layer in layers],
+                     lambda: [layer(x) for layer in layers])  # use_kernel is off: the reference path
+            rounds = [[_cuda_ms(path) for path in paths] for _ in range(repeats + 1)][1:]
+            times[rows] = tuple(statistics.median(ms) for ms in zip(*rounds))
+    return times
+
+
+def _cuda_ms(fn) -> float:
+    """One call of fn, in ms, timed by events on the GPU's own stream: the host's
+    clock would time only the launches, as the GPU runs behind it."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def choose_int8_cuda(times: dict[int, tuple[float, float]]) -> tuple[bool, str]:
+    """From time_int8_cuda's {rows: (kernel ms, reference ms)}: use the kernel?
+    Yes only if it was not slower at any row count measured, since it serves
+    every decode batch up to the largest. Returns the answer and why, in words."""
+    slower = any(kernel > reference for kernel, reference in times.values())
+    measured = "; ".join(f"{rows} row{'s' * (rows > 1)}: {kernel:.2f} ms vs {reference:.2f} ms"
+                         for rows, (kernel, reference) in sorted(times.items()))
+    if slower:
+        return False, (f"torch's CUDA INT8 kernel was slower than de-quantize + cuBLAS here ({measured}), "
+                       "so INT8 layers de-quantize, then multiply")
+    return True, (f"torch's CUDA INT8 kernel was not slower than de-quantize + cuBLAS here ({measured}), "
+                  "so decode steps use it")
 
 
 def kernel_error(kind: str, device, dtype) -> str | None:
     """Why an existing packed kernel failed its probe (None: it works, or torch has none)."""
     kernel_available(kind, device, dtype)
     return _KERNEL_ERRORS.get((kind, device_key(device), dtype))
+
+
+def kernel_reason(kind: str, device, dtype) -> str:
+    """Which path decode steps of `kind` take on this device and dtype, and why, in words."""
+    key, name = (kind, device_key(device), dtype), kind.upper()
+    used = kernel_available(kind, device, dtype)
+    if key in _KERNEL_NOTES:  # a measured choice: its note says both
+        return _KERNEL_NOTES[key]
+    if used:
+        return f"torch's packed {name} kernel serves decode steps (its numbers were checked against the reference path)"
+    why = kernel_missing(kind, device, dtype)
+    if why is None and key in _KERNEL_ERRORS:
+        why = f"torch's {name} kernel failed its probe ({_KERNEL_ERRORS[key]})"
+    if why is None:
+        why = f"this torch build has no packed {name} kernel for {key[1]}"
+    return f"{name} layers de-quantize, then multiply: {why}"
 
 
 class QuantizedLinear(PackedModule):
@@ -298,7 +406,11 @@ class Int8Linear(QuantizedLinear):
 
     def _kernel_forward(self, x):
         # One kernel reads the int8 weight and applies the row scales as it goes.
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.kernel_scales)
+        # torch's CUDA version reads x by raw offsets (row * in + column), so x
+        # must be contiguous, and some versions return fp32 whatever x was: cast
+        # back, or the residual stream would silently become fp32.
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.kernel_scales).to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -319,7 +431,18 @@ class Int8LMHead(Int8Linear):
     Inside a decode step, where the head comes from memory rather than cache,
     the one-row kernel took 2.5-2.7 ms (the packed bf16 head 2.7, the AVX2 bf16 one 5.3).
     Both paths multiply by the same de-quantized weights, so a sequence's tokens
-    do not depend on how many others share its step beyond rounding."""
+    do not depend on how many others share its step beyond rounding.
+
+    On a CUDA GPU this head saves no memory (it adds some), and it saves time
+    only at one row, and only if torch's INT8 kernel measured no slower than
+    de-quantize + cuBLAS there (kernel_reason says whether it did). There is no
+    packed bf16 layout on a GPU, so the de-quantized copy is a plain tensor
+    (`dense_weight`) kept beside the int8 codes: 3 bytes per weight, against a
+    bf16 head's 2 (or none extra, where the head is tied to the embedding).
+    Every row that skips the kernel reads that copy, in a bf16 head's time. The
+    copy stays because without it each step would de-quantize the whole head,
+    moving more bytes than a bf16 head does. On a GPU, leave the head
+    unquantized."""
 
     LAYOUT = ("kernel_scales", "packed_weight", "dense_weight")
     MAX_KERNEL_ROWS = 1
@@ -492,11 +615,13 @@ def model_bytes(model: nn.Module) -> dict:
             quantized.update(id(b) for b in m.buffers())
         if isinstance(m, PackedModule):
             quantized.update(id(getattr(m, name)) for name in m.LAYOUT)
+    # rope tables (rope_cos, rope_sin, and any other rope_* the model keeps) are
+    # recomputed from the config, not weights
+    rope = {id(t) for name, t in model.named_buffers(recurse=False) if name.startswith("rope_")}
     seen = set()
     for t in list(model.parameters()) + list(model.buffers(recurse=True)):
-        if id(t) in quantized or t.data_ptr() in seen or t is getattr(model, "rope_cos", None) \
-                or t is getattr(model, "rope_sin", None):
-            continue  # rope tables are recomputed from the config, not weights
+        if id(t) in quantized or id(t) in rope or t.data_ptr() in seen:
+            continue
         seen.add(t.data_ptr())
         out["unquantized"] += _nbytes(t)
         out["unquantized_params"] += t.numel()
