@@ -144,9 +144,11 @@ def test_padded_rows_touch_only_the_reserved_block():
     tables = [[3, 5, 9], [7, 9, 9], [0, 1, 2], [9, 9, 9]]  # padded with the reserved block
     assert meta.key_slots.tolist() == [[tables[b][p // 4] * 4 + p % 4 for p in range(9)] for b in range(4)]
     seen = [[p < c for p in range(9)] for c in (6, 2, 9, 1)]  # each row sees its own context; the pad row, one key
-    assert meta.mask.shape == (4, 1, 1, 9) and meta.mask[:, 0, 0].tolist() == seen
-    assert meta.slot_mapping.data_ptr() == buffers.slot_mapping.data_ptr()  # views: the addresses never move
-    assert meta.key_slots.data_ptr() == buffers.key_slots.data_ptr()
+    # additive, in the model's dtype: 0 where a row may look, -inf where not (SDPA converts nothing)
+    assert meta.mask.shape == (4, 1, 1, 9) and meta.mask.dtype == torch.float32
+    assert meta.mask[:, 0, 0].tolist() == [[0.0 if s else -float("inf") for s in row] for row in seen]
+    assert input_ids.data_ptr() == buffers.inputs.data_ptr()  # the inputs are views: their addresses never move
+    assert meta.positions.data_ptr() == buffers.positions.data_ptr()
     _, meta = buffers.fill([1], [3], [[4]], size=1)
     assert meta.key_slots.tolist() == [[16, 17, 18]] and meta.mask is None  # batch 1 sees all it reads
     assert torch.equal(meta.positions, torch.tensor([[2]]))

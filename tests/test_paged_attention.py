@@ -89,3 +89,25 @@ def test_one_decode_and_fresh_prompts_need_no_mask():
     assert meta.groups[0].mask is None and meta.groups[0].is_causal
     _, _, meta = run_step([(12, 5)])
     assert meta.groups[0].mask is not None and not meta.groups[0].is_causal
+
+
+def test_an_engine_on_a_gpu_keeps_cudnn_attention_out(monkeypatch):
+    """Hopper GPUs give bf16 attention to cuDNN first, which builds a plan for
+    every new shape (each eager decode step's key length is new): the engine
+    turns it off when it starts on a GPU, unless asked to keep it to measure it."""
+    import torch
+
+    from tinyinfer.paged_kv_cache import keep_cudnn_attention_out
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setenv("TINYINFER_CUDNN_ATTENTION", "1")
+        keep_cudnn_attention_out()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.delenv("TINYINFER_CUDNN_ATTENTION")
+        keep_cudnn_attention_out()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

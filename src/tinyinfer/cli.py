@@ -14,7 +14,7 @@ from .config import DEFAULT_MODEL, EngineConfig
 # The engine settings a terminal session may change (the rest keep their defaults;
 # --seed here is the request's, not the engine's).
 ENGINE_FLAGS = ("model", "dtype", "device", "max_model_len", "quantization", "group_size",
-                "lm_head_quantization", "enforce_eager", "kv_cache_dtype")
+                "lm_head_quantization", "enforce_eager", "compiled_cuda_graphs", "kv_cache_dtype")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:

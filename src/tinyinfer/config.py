@@ -173,10 +173,11 @@ class EngineConfig:
     max_num_batched_tokens: int = _opt(512, "most tokens in one step (the token budget)")
     block_size: int = _opt(16, "tokens per KV block")
     kv_cache_memory_bytes: int | None = _opt(None, "KV pool size in bytes (default: 512 MiB on CPU; on a GPU, "
-                                                   "what --gpu-memory-utilization leaves)")
+                                                   "room for --max-num-seqs full windows twice over, within what "
+                                                   "--gpu-memory-utilization leaves)")
     num_kv_blocks: int | None = _opt(None, "KV pool size in blocks (overrides --kv-cache-memory-bytes)")
-    gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory the engine may use, weights and KV pool "
-                                              "together; the pool gets what the model leaves")
+    gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory the engine may use at most, weights, "
+                                              "KV pool and a step's working memory together")
     enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of a prompt prefix seen before")
     enable_chunked_prefill: bool = _opt(True, "cut a long prompt into chunks that fit the token budget")
     preemption_mode: str = _opt("recompute", "what a preempted sequence does with its cache: recompute or swap")
@@ -192,6 +193,10 @@ class EngineConfig:
     enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile (on a CUDA "
                                      "GPU: records them as CUDA graphs): faster steps, after a minute or two of "
                                      "compiling when the engine starts (seconds of recording on a GPU)")
+    compiled_cuda_graphs: bool = _opt(False, "with --no-enforce-eager on a CUDA GPU: torch.compile the decode "
+                                             "step, then record the compiled step as CUDA graphs (gpt-fast's "
+                                             "recipe): fewer, fused kernels per step, after a minute or two of "
+                                             "compiling when the engine starts")
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -206,7 +211,7 @@ class EngineConfig:
             raise ValueError(f"device={self.device!r} is invalid: must be 'auto', 'cpu' or 'cuda[:N]'")
         check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         check_choice("scheduling", self.scheduling, ("continuous", "static"))
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "compiled_cuda_graphs"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
         require(self.seed is None or is_int(self.seed), "seed", self.seed, "None or an integer")
         if self.quantization is not None or self.group_size != 128:
@@ -216,6 +221,9 @@ class EngineConfig:
         if self.kv_cache_dtype != "auto" and self.scheduling == "static":  # its contiguous cache has one format
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid with scheduling='static': the "
                              "quantized cache is the paged pool's; use scheduling='continuous'")
+        if self.compiled_cuda_graphs and self.enforce_eager:
+            raise ValueError("compiled_cuda_graphs=True is invalid with enforce_eager=True: it compiles the steps "
+                             "that CUDA graphs record; set enforce_eager=False too")
         if not self.enforce_eager and self.scheduling == "static":  # the baseline stays as chapter 7 measures it
             raise ValueError("enforce_eager=False is invalid with scheduling='static': compiled decode steps "
                              "run on the paged cache; use scheduling='continuous'")
@@ -271,20 +279,43 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def half_dtype(device: torch.device) -> str:
+    """The 16-bit dtype `device` computes in: "bfloat16" on a CPU (emulated where
+    it has no BF16 units, but always accepted) and on a GPU with bf16 units,
+    "float16" on an older GPU (a T4, the free Colab GPU), which refuses bf16."""
+    import torch
+
+    if device.type == "cuda" and resolve_dtype("auto", device) is torch.float16:
+        return "float16"
+    return "bfloat16"
+
+
 # The KV pool on a CPU when no size is given: plenty for the course's workloads,
 # small enough for a laptop.
 CPU_KV_CACHE_BYTES = 512 * 2**20
+# A GPU's default pool holds at most this many full windows per sequence slot:
+# one for the sequences running, one for the prefixes the cache keeps after them.
+PREFIX_CACHE_MARGIN = 2
 
 
 def kv_pool_blocks(cfg: EngineConfig, device: torch.device, kv_bytes_per_token: int,
-                   gpu_memory: Callable[[torch.device], tuple[int, int, int]] | None = None) -> int:
+                   gpu_memory: Callable[[torch.device], tuple[int, int, int]] | None = None,
+                   max_model_len: int | None = None, working_bytes: int = 0) -> int:
     """How many KV blocks the pool holds: num_kv_blocks if set, else
     kv_cache_memory_bytes in blocks. Without either, a CPU gets 512 MiB, and a
-    GPU, once the model is loaded, gets what gpu_memory_utilization leaves:
-    total x utilization - what this process already uses (vLLM's rule). The
-    other 1 - utilization is for activations, the CUDA context and other
-    processes. `gpu_memory(device)` returns (free, total, used) in bytes, as
-    cuda_memory does; a test passes its own."""
+    GPU, once the model is loaded, the smaller of two sizes:
+      - what gpu_memory_utilization leaves (vLLM's rule, the ceiling): total x
+        utilization - what this process already holds (the weights, any other
+        engine alive in it) - working_bytes, the working memory a step needs
+        beside the pool (activations, logits, workspaces, CUDA graphs; measured
+        by a warm-up step, model_runner.working_memory). The other
+        1 - utilization is for the CUDA context and other processes;
+      - what the engine can ever fill: max_num_seqs sequences of max_model_len
+        tokens, PREFIX_CACHE_MARGIN times over. Without this cap the first
+        engine of a process takes 90% of the GPU, and a second one (a lab
+        comparing two) finds no room. max_model_len=None: no cap.
+    `gpu_memory(device)` returns (free, total, used) in bytes, as cuda_memory
+    does; a test passes its own."""
     block_bytes = kv_bytes_per_token * cfg.block_size
     if cfg.num_kv_blocks is not None:
         return cfg.num_kv_blocks
@@ -292,17 +323,21 @@ def kv_pool_blocks(cfg: EngineConfig, device: torch.device, kv_bytes_per_token: 
         return max(1, (cfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) // block_bytes)
     free, total, used = (gpu_memory or cuda_memory)(device)
     budget, util, gib = int(total * cfg.gpu_memory_utilization), cfg.gpu_memory_utilization, 2**30
-    if budget > free + used:  # the pool would not fit: vLLM refuses too, rather than fail at the first step
-        raise ValueError(f"gpu_memory_utilization={util} asks for {budget / gib:.2f} GiB of the GPU's "
+    blocks = (budget - used - working_bytes) // block_bytes
+    if blocks <= 0:
+        working = f" and a step needs {working_bytes / gib:.2f} GiB of working memory" if working_bytes else ""
+        raise ValueError(f"gpu_memory_utilization={util} leaves no room for the KV pool: it allows "
+                         f"{budget / gib:.2f} GiB of the GPU's {total / gib:.2f} GiB, and this process already holds "
+                         f"{used / gib:.2f} GiB (the weights, and any other engine still alive in it){working}; "
+                         f"raise gpu_memory_utilization, drop the other engine, or set kv_cache_memory_bytes")
+    if max_model_len is not None:
+        blocks = min(blocks, -(-cfg.max_num_seqs * max_model_len * PREFIX_CACHE_MARGIN // cfg.block_size))
+    wanted = used + working_bytes + blocks * block_bytes
+    if wanted > free + used:  # the pool would not fit: vLLM refuses too, rather than fail at the first step
+        raise ValueError(f"gpu_memory_utilization={util} asks for {wanted / gib:.2f} GiB of the GPU's "
                          f"{total / gib:.2f} GiB, but this process can have at most {(free + used) / gib:.2f} GiB "
                          f"(other processes and the CUDA context hold the rest); lower gpu_memory_utilization "
                          f"or set kv_cache_memory_bytes")
-    blocks = (budget - used) // block_bytes
-    if blocks <= 0:
-        raise ValueError(f"gpu_memory_utilization={util} leaves no room for the KV pool: it allows "
-                         f"{budget / gib:.2f} GiB of the GPU's {total / gib:.2f} GiB, and this process already holds "
-                         f"{used / gib:.2f} GiB (the weights, and any other engine still alive in it); raise "
-                         f"gpu_memory_utilization, drop the other engine, or set kv_cache_memory_bytes")
     return blocks
 
 

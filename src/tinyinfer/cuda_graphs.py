@@ -1,13 +1,14 @@
 """CUDA graphs for decode steps: each fixed-size step recorded once, then
 replayed with one launch.
 
-On a GPU a small model's decode step is launch-bound: the 135M model runs
-some 400 small kernels a step, and the CPU spends longer launching them than
-the GPU spends running them (the README's "On a GPU" section measured a
-compiled step at 6-7 ms whatever the model's size). A CUDA graph records every
-kernel of a step once, with the addresses it read and wrote; replaying it
-launches them all at once, with no Python in between. vLLM and nano-vllm do
-this for decode steps; this file follows nano-vllm's recipe:
+On a GPU a small model's decode step is launch-bound: an eager step of the
+135M model launches about 580 kernels (19 per layer, 30 layers, and some 13
+outside them: tests/test_kernel_count.py counts them), and the CPU spends
+longer launching them than the GPU spends running them (the README's "On a
+GPU" section measured a compiled step at 6-7 ms whatever the model's size). A
+CUDA graph records every kernel of a step once, with the addresses it read and
+wrote; replaying it launches them all at once, with no Python in between. vLLM
+and nano-vllm do this for decode steps; this file follows nano-vllm's recipe:
   - one graph per fixed batch size (decode_batch.capture_sizes), recorded at
     start-up, largest first, all in one memory pool (a smaller step's
     temporaries fit in the space a larger one used);
@@ -16,8 +17,11 @@ this for decode steps; this file follows nano-vllm's recipe:
     no sequence owns;
   - the graph ends at the last hidden state: the logits and the sampling run
     outside it, on the real rows only.
-What is recorded is the eager step (model_runner.decode_forward), not a
-torch.compile'd one: recording needs no compiler and takes seconds.
+What is recorded is the eager step (model_runner.decode_forward): recording
+needs no compiler and takes seconds. With compiled_cuda_graphs=True it is the
+step compiled by torch.compile first (gpt-fast's recipe): inductor fuses the
+small operations of each layer into a few generated kernels, and the graph
+then replays those.
 
 One difference from nano-vllm: its attention kernel reads each row's keys up to
 that row's own length, whatever the graph's shapes. This engine's attention is
@@ -28,9 +32,10 @@ graph of the shortest S that holds its longest context: it reads at most twice
 the keys it needs, rather than the whole window.
 
 Prompt steps and batches larger than the largest size run eagerly
-(model_runner.py says why). The recording depends on the model: a new model
-(runner.model = m), or a pass that changes it (its generation, prepare.py),
-is recorded again before the next step.
+(model_runner.py says why). A graph reads the weights at the addresses they
+had when it was recorded, so it is recorded again before the next step after
+a new model (runner.model = m), a pass that changes it (its generation,
+prepare.py), or any weight or buffer replaced by another tensor.
 
 The graph backend is what records and replays. CudaGraphBackend uses
 torch.cuda.graph. EagerStandIn runs the same code path on a CPU: it "records"
@@ -40,6 +45,7 @@ the padding, the key lengths and when to record again.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -63,22 +69,36 @@ def key_lengths(max_len: int, block_size: int) -> list[int]:
 
 
 class CudaGraphBackend:
-    """torch.cuda.graph: records a step's kernels once; replay launches them all."""
+    """torch.cuda.graph: records a step's kernels once; replay launches them all.
+
+    Everything happens on the engine's device, whichever GPU is current, and on
+    one side stream of its own: the warm-up run before each recording makes the
+    libraries' per-stream state (cuBLAS's workspace) on the stream the
+    recording then uses, as vLLM and SGLang do."""
 
     name = "CUDA graphs"
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
+        self.device = device
         self.pool = None  # one memory pool for every graph of the runner
+        self.stream = None  # made on the first recording, on the engine's device
 
     def capture(self, step: Callable[[], None]) -> Callable[[], None]:
-        step()  # a warm-up run first: lazy initialisation (cuBLAS handles, workspaces) must not be recorded
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            step()
-        if self.pool is None:
-            self.pool = graph.pool()
-        torch.cuda.synchronize()
+        with torch.cuda.device(self.device):
+            if self.stream is None:
+                self.stream = torch.cuda.Stream()
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                step()  # a warm-up run first: lazy initialisation (handles, workspaces) must not be recorded
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: a CUDA call from another thread (a server's) while a
+            # lazy re-recording runs does not break the recording
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                step()
+            if self.pool is None:
+                self.pool = graph.pool()
+            torch.cuda.synchronize()
         return graph.replay
 
 
@@ -101,24 +121,54 @@ class EagerStandIn:
 
 def default_graph_backend(device: torch.device):
     """CUDA graphs on a CUDA device; None elsewhere (a CPU step is compiled instead)."""
-    return CudaGraphBackend() if device.type == "cuda" else None
+    return CudaGraphBackend(device) if device.type == "cuda" else None
+
+
+def weight_addresses(model) -> list[tuple[torch.nn.Module, str, int]]:
+    """(module, name, address) of every parameter and buffer of model: what a
+    recorded step reads, by address."""
+    found = []
+    for module in model.modules():
+        for name, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is not None:
+                found.append((module, name, address(t)))
+    return found
+
+
+def address(t: torch.Tensor) -> int:
+    """Where t's numbers are. (A CPU's packed weight layout, an opaque oneDNN
+    tensor, has no data pointer: the object stands for its address there.)"""
+    return t.data_ptr() if t.layout == torch.strided else id(t)
+
+
+def moved(addresses: list[tuple[torch.nn.Module, str, int]]) -> bool:
+    """Has any of those tensors been replaced, or given new storage, since?"""
+    for module, name, recorded in addresses:
+        t = getattr(module, name, None)
+        if t is None or address(t) != recorded:
+            return True
+    return False
 
 
 class CUDAGraphRunner:
     """Every recorded decode step of one runner, keyed by (batch size, key length)."""
 
     def __init__(self, backend, buffers, sizes: list[int], lengths: list[int], hidden_size: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, forward: Callable):
         self.backend, self.buffers = backend, buffers
         self.sizes, self.lengths = sizes, lengths
+        self.device = device
+        self.forward = forward  # the step to record: model_runner.decode_forward, or it compiled
         # The graphs' output: the last hidden state of every row, at one address.
         self.outputs = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[tuple[int, int], Callable[[], None]] = {}
-        self.model, self.generation = None, None  # what was recorded
+        self.model, self.generation, self.addresses = None, None, []  # what was recorded
 
     def is_current(self, model) -> bool:
-        """Were the graphs recorded from this model, as it is now?"""
-        return self.model is model and self.generation == generation(model)
+        """Were the graphs recorded from this model, as it is now: the same
+        object, no pass run on it since, and every weight where it was? (Once per
+        step: some 200 addresses compared, microseconds.)"""
+        return self.model is model and self.generation == generation(model) and not moved(self.addresses)
 
     @torch.inference_mode()
     def capture_model(self, model, cache) -> None:
@@ -131,21 +181,24 @@ class CUDAGraphRunner:
         self.graphs.clear()
         self.model = None
         pad = self.buffers.pad_block
-        for size in reversed(self.sizes):
-            for num_keys in reversed(self.lengths):
-                self.buffers.write([0] * size, [1] * size, [[pad]] * size, size, num_keys)
-                step = self._step(model, cache, size, num_keys)
-                self.graphs[size, num_keys] = self.backend.capture(step)
-        self.model, self.generation = model, generation(model)
+        # A compiled step (compiled_cuda_graphs) is traced here. PyTorch gives
+        # sizes that happen to be equal one symbol ("duck sizing"): at the
+        # largest batch, the positions' offset in the input buffer equals the
+        # batch size, and every smaller batch would be traced again.
+        with self.on_device(), torch.fx.experimental._config.patch(use_duck_shape=False):
+            for size in reversed(self.sizes):
+                for num_keys in reversed(self.lengths):
+                    self.buffers.write([0] * size, [1] * size, [[pad]] * size, size, num_keys)
+                    step = self._step(model, cache, size, num_keys)
+                    self.graphs[size, num_keys] = self.backend.capture(step)
+        self.model, self.generation, self.addresses = model, generation(model), weight_addresses(model)
 
     def _step(self, model, cache, size: int, num_keys: int) -> Callable[[], None]:
-        """What a graph records: the step's metadata from the buffers, the eager
-        model, and its last hidden states copied to the output buffer."""
-        from .model_runner import decode_forward  # one definition of a decode step
-
+        """What a graph records: the step's metadata from the buffers, the
+        model's decode step, and its last hidden states copied to the output buffer."""
         def step():
             input_ids, meta = self.buffers.metadata(size, num_keys, masked=True)
-            hidden = decode_forward(model, input_ids, meta.positions, cache, meta)
+            hidden = self.forward(model, input_ids, meta.positions, cache, meta)
             self.outputs[:size].copy_(hidden)
 
         return step
@@ -160,6 +213,13 @@ class CUDAGraphRunner:
         the graph, and return the hidden states of its `size` rows [size, C]
         (a view of the output buffer, valid until the next replay)."""
         num_keys = self.key_length(max(context_lens))
-        self.buffers.write(token_ids, context_lens, block_tables, size, num_keys)
-        self.graphs[size, num_keys]()
+        with self.on_device():
+            self.buffers.write(token_ids, context_lens, block_tables, size, num_keys)
+            self.graphs[size, num_keys]()
         return self.outputs[:size]
+
+    def on_device(self):
+        """The engine's GPU made current while its graphs are recorded and
+        replayed: a graph records the current device's stream, and the input
+        copy's event is recorded there, whichever GPU another engine made current."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

@@ -49,13 +49,16 @@ class DecodeBuffers:
     memory needs no extra host copy, and does not make the CPU wait). On a CPU
     the two are one tensor, and nothing is copied. What follows from those
     (each row's key slots, its new slot, its mask) is worked out on the
-    device, by metadata(), which a CUDA graph can record (cuda_graphs.py)."""
+    device, by metadata(), into new tensors: inside a CUDA graph they come from
+    the graph's own memory, at the same addresses at every replay, and a
+    compiled step sees plain contiguous tensors whatever the step's size
+    (cuda_graphs.py)."""
 
-    def __init__(self, max_size: int, max_blocks_per_seq: int, block_size: int, pad_block: int, device):
+    def __init__(self, max_size: int, max_blocks_per_seq: int, block_size: int, pad_block: int, device,
+                 dtype: torch.dtype = torch.float32):
         device = torch.device(device)
         self.block_size, self.pad_block = block_size, pad_block
         self.max_size, self.max_blocks = max_size, max_blocks_per_seq
-        max_len = max_blocks_per_seq * block_size
         n = max_size * (3 + max_blocks_per_seq)  # ids, positions, context lengths, then the block tables
         self.inputs = torch.zeros(n, dtype=torch.long, device=device)
         on_gpu = device.type == "cuda"
@@ -63,21 +66,23 @@ class DecodeBuffers:
         self._copied = torch.cuda.Event() if on_gpu else None  # when the last copy has read the staging
         self.input_ids, self.positions, self.context_lens, self.block_tables = self._views(self.inputs)
         self._host = self._views(self.staging)
-        self.key_positions = torch.arange(max_len, device=device)  # never changes: a step reads its first S
-        self.slot_mapping = torch.zeros(max_size, dtype=torch.long, device=device)
-        self.key_slots = torch.zeros(max_size * max_len, dtype=torch.long, device=device)
-        self.mask = torch.zeros(max_size, max_len, dtype=torch.bool, device=device)
+        # never changes: a step reads its first S
+        self.key_positions = torch.arange(max_blocks_per_seq * block_size, device=device)
+        # The mask is additive, in the model's dtype: 0 where a row may look, -inf
+        # where it may not. SDPA adds it to the scores as it is; a True/False mask
+        # it would turn into this in every layer (on a GPU, 2-3 kernels each time).
+        self._zero = torch.zeros((), dtype=dtype, device=device)
+        self._minus_inf = torch.full((), -float("inf"), dtype=dtype, device=device)
 
     def _views(self, flat: torch.Tensor):
         m = self.max_size
-        return (flat[:m].view(1, m), flat[m : 2 * m].view(1, m), flat[2 * m : 3 * m],
-                flat[3 * m :].view(m, self.max_blocks))
+        return flat[:m], flat[m : 2 * m], flat[2 * m : 3 * m], flat[3 * m :].view(m, self.max_blocks)
 
     def fill(self, token_ids: list[int], context_lens: list[int], block_tables: list[list[int]],
              size: int) -> tuple[torch.Tensor, DecodeMetadata]:
         """Write one decode step into the buffers: row b adds token_ids[b] at
         position context_lens[b] - 1; rows past the batch, up to `size`, are padding.
-        Returns the step's input ids [1, size] and its metadata, views of the buffers.
+        Returns the step's input ids [1, size] and its metadata.
         Every row reads as many keys as the longest context (S)."""
         longest = max(context_lens)
         self.write(token_ids, context_lens, block_tables, size, longest)
@@ -94,32 +99,29 @@ class DecodeBuffers:
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have read the staging before it changes
         ids, pos, lens, host_tables = self._host
-        ids[0, :size].copy_(torch.tensor(list(token_ids) + [0] * pad))
-        pos[0, :size].copy_(torch.tensor(positions))
+        ids[:size].copy_(torch.tensor(list(token_ids) + [0] * pad))
+        pos[:size].copy_(torch.tensor(positions))
         lens[:size].copy_(torch.tensor(list(context_lens) + [1] * pad))
         host_tables[:size, :width].copy_(torch.tensor(tables))
         if self.staging is not self.inputs:
             end = 3 * self.max_size + size * self.max_blocks  # everything the step reads, in one copy
             self.inputs[:end].copy_(self.staging[:end], non_blocking=True)
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.inputs.device))  # the stream the copy ran on
 
     def metadata(self, size: int, num_keys: int, masked: bool = True) -> tuple[torch.Tensor, DecodeMetadata]:
         """The device's part of a step of `size` rows that read num_keys key
         positions each (S): where each row's keys lie, its new token's slot, and
         which keys it may see. Worked out once per step here, not once per layer
-        inside the step (30 times); only device operations, in place, so that a
-        CUDA graph can record them with the model. masked=False: no mask (a
-        batch of 1 whose S is its own context sees every key)."""
-        bs, width = self.block_size, -(-num_keys // self.block_size)
-        key_positions = self.key_positions[:num_keys]
-        key_slots = self.key_slots[: size * num_keys].view(size, num_keys)
-        key_slots.copy_(slot_ids(self.block_tables[:size, :width], key_positions, bs))
+        inside the step (30 times); only device operations, so that a CUDA
+        graph can record them with the model. masked=False: no mask (a batch of
+        1 whose S is its own context sees every key)."""
+        width = -(-num_keys // self.block_size)
+        positions, key_positions = self.positions[:size], self.key_positions[:num_keys]
+        key_slots = slot_ids(self.block_tables[:size, :width], key_positions, self.block_size)  # [size, S]
         # The new token's slot is the key slot at its own position (a pad row's: the pad block's first).
-        torch.gather(key_slots, 1, self.positions[0, :size, None], out=self.slot_mapping[:size, None])
+        slot_mapping = key_slots.gather(1, positions[:, None])[:, 0]
         mask = None
-        if masked:
-            mask = self.mask[:size, :num_keys]
-            torch.lt(key_positions[None, :], self.context_lens[:size, None], out=mask)
-            mask = mask.view(size, 1, 1, num_keys)
-        meta = DecodeMetadata(self.positions[:, :size], self.slot_mapping[:size], key_slots, mask)
-        return self.input_ids[:, :size], meta
+        if masked:  # every row sees at least key 0, so no row's scores are all -inf
+            visible = key_positions[None, :] < self.context_lens[:size, None]
+            mask = torch.where(visible, self._zero, self._minus_inf).view(size, 1, 1, num_keys)
+        return self.input_ids[:size][None], DecodeMetadata(positions[None], slot_mapping, key_slots, mask)

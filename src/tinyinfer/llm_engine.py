@@ -31,8 +31,9 @@ from .block_manager import BlockManager
 from .checks import check_context_window, check_prompt_ids
 from .config import (EngineConfig, ModelConfig, kv_cache_bytes_per_value, kv_pool_blocks, resolve_device,
                      resolve_dtype)
-from .model_runner import ModelOutput, ModelRunner
+from .model_runner import ModelOutput, ModelRunner, working_memory
 from .outputs import RequestOutput
+from .paged_kv_cache import keep_cudnn_attention_out
 from .prepare import prepare_model
 from .request import Request
 from .sampler import Sampler
@@ -81,6 +82,9 @@ class LLMEngine:
         self.config = cfg = engine_config(model, config, engine_args)  # checks the cheap settings before loading
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cuda":  # process-wide settings for a GPU engine, as vLLM's workers make them
+            torch.cuda.set_device(self.device)  # CUDA graphs record on, and events fire on, the current device
+            keep_cudnn_attention_out()
         folder = resolve_model(cfg.model)
         self.model_name, self.model_config = cfg.model, read_config(folder)
         self.max_model_len = context_window(cfg, self.model_config)
@@ -95,7 +99,8 @@ class LLMEngine:
             cfg.kv_cache_dtype, self.dtype.itemsize, self.model_config.head_dim)))
         pad_token_id = min(self.eos_token_ids, default=0)  # static batching's padding: never attended to
         self.scheduler, self.model_runner = make_scheduler_and_runner(cfg, model_, self.device, self.dtype,
-                                                                      self.kv_bytes_per_token, pad_token_id)
+                                                                      self.kv_bytes_per_token, self.max_model_len,
+                                                                      pad_token_id)
         self.structured_output = StructuredOutputManager(folder / "tokenizer.json", self.eos_token_ids,
                                                          self.model_config.vocab_size)
         self.sampler = Sampler(self.tokenizer.decode, self.structured_output)
@@ -243,7 +248,8 @@ def context_window(cfg: EngineConfig, model_config: ModelConfig) -> int:
 
 
 def make_scheduler_and_runner(cfg: EngineConfig, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype,
-                              kv_bytes_per_token: int, pad_token_id: int = 0) -> tuple[SchedulerLike, RunnerLike]:
+                              kv_bytes_per_token: int, max_model_len: int,
+                              pad_token_id: int = 0) -> tuple[SchedulerLike, RunnerLike]:
     """The step's scheduler and runner for cfg.scheduling. Continuous batching
     gets a paged KV pool (kv_pool_blocks says how many blocks) and a
     BlockManager for it; static batching, chapter 7's baseline, allocates a
@@ -255,10 +261,12 @@ def make_scheduler_and_runner(cfg: EngineConfig, model: LlamaForCausalLM, device
 
         return (StaticScheduler(sched_config, kv_bytes_per_token),
                 StaticModelRunner(model, device, dtype, pad_token_id))
-    num_blocks = kv_pool_blocks(cfg, device, kv_bytes_per_token)  # after loading: on a GPU, what the model leaves
+    # After loading, on a GPU: room for what the engine can use, within what the model and a step leave.
+    working = working_memory(model, cfg, max_model_len, dtype, device)  # 0 but on a GPU sized from free memory
+    num_blocks = kv_pool_blocks(cfg, device, kv_bytes_per_token, max_model_len=max_model_len, working_bytes=working)
     block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
     runner = ModelRunner(model, device, dtype, num_blocks, cfg.block_size, cfg.enforce_eager, cfg.max_num_seqs,
-                         cfg.kv_cache_dtype)
+                         cfg.kv_cache_dtype, compiled_cuda_graphs=cfg.compiled_cuda_graphs)
     runner.compile_or_warm_up_model()  # enforce_eager=False: compile now, not mid-request
     return Scheduler(sched_config, block_manager, kv_bytes_per_token), runner
 

@@ -54,10 +54,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()  # no copy when x is already fp32
+        if x.is_cuda or x.dtype == torch.float32:
+            # PyTorch's own RMSNorm: one fused kernel on a GPU, where the eight
+            # small steps below would be eight launches. In fp32 on a CPU it runs
+            # those very steps, bit for bit. (In bf16 it multiplies by the weight
+            # before rounding, once: at most one unit in the last place from
+            # transformers, whose rounding the lines below copy.)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if x.dtype == torch.float32:
-            return h * self.weight
         return self.weight * h.to(x.dtype)  # rounded to x.dtype first, as transformers does
 
 
@@ -87,6 +92,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x2, x1], dim=-1)
+
+
+def apply_rope_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope with rotate_half's minus sign moved into the table:
+    rotate_half(x) * sin == swap_halves(x) * signed_sin, where signed_sin is sin
+    negated in its first half (signed_rope_sin). The same numbers, bit for bit;
+    the model's layers use it because the sign is then applied once, to the
+    table, instead of once per layer and step (one GPU kernel fewer each)."""
+    return x * cos + swap_halves(x) * signed_sin
+
+
+def signed_rope_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [..., D] with its first half negated: apply_rope_signed's table."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -110,8 +135,9 @@ class Attention(nn.Module):
         # value heads. Kept token-major, the layout the projection produces and
         # the paged cache stores, so nothing is reshuffled on the way there.
         qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim)
-        # Queries and keys sit side by side, so one RoPE call rotates both.
-        qk = apply_rope(qkv[:, :, : H + Hkv], cos, sin)
+        # Queries and keys sit side by side, so one RoPE call rotates both
+        # (sin is the model's signed table: LlamaForCausalLM.rope_at).
+        qk = apply_rope_signed(qkv[:, :, : H + Hkv], cos, sin)
         q, k = qk.split([H, Hkv], dim=2)  # [B, T, H, D], [B, T, Hkv, D]
         v = qkv[:, :, H + Hkv :]
         # Store this step's keys and values, then attend over everything cached so
@@ -172,6 +198,7 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rope_tables(config, device="cpu")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin_signed", signed_rope_sin(sin), persistent=False)  # what the layers read
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCacheLike,
                 meta: StepMetadata | None = None, num_layers: int | None = None) -> torch.Tensor:
@@ -193,9 +220,11 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [B, T, 1, D] for positions [B, T], shared by every layer and head.
-        The tables are fp32; they are cast to the model dtype, as transformers does."""
-        return self.rope_cos[positions].unsqueeze(2).to(dtype), self.rope_sin[positions].unsqueeze(2).to(dtype)
+        """cos and the signed sin (apply_rope_signed) [B, T, 1, D] for positions
+        [B, T], shared by every layer and head. The tables are fp32; they are cast
+        to the model dtype, as transformers does."""
+        cos, sin = self.rope_cos[positions], self.rope_sin_signed[positions]
+        return cos.unsqueeze(2).to(dtype), sin.unsqueeze(2).to(dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Scores for every vocabulary entry, in fp32 so sampling sees full precision."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -94,7 +95,7 @@ def _check_same_cache_shape(old, new) -> None:
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
                  enforce_eager: bool = True, max_num_seqs: int = 16, kv_cache_dtype: str = "auto",
-                 graph_backend=None):
+                 graph_backend=None, compiled_cuda_graphs: bool = False):
         self.device = device
         self.dtype = dtype
         self.enforce_eager = enforce_eager
@@ -105,16 +106,18 @@ class ModelRunner:
         self.paged_cache = PagedKVCache(model.config, num_blocks + 1, block_size, dtype, device, kv_cache_dtype)
         self.capture_sizes = capture_sizes(max_num_seqs)  # the decode batch sizes that run compiled
         max_blocks = -(-model.config.max_position_embeddings // block_size)
-        self.decode_buffers = DecodeBuffers(self.capture_sizes[-1], max_blocks, block_size, num_blocks, device)
+        self.decode_buffers = DecodeBuffers(self.capture_sizes[-1], max_blocks, block_size, num_blocks, device, dtype)
         self.eager_decode_reason: str | None = None  # why the last decode-only step did not run compiled
         # CUDA graphs where the device has them (cuda_graphs.default_graph_backend), or a
         # backend given here (a test's CPU stand-in); None: compiled decode steps instead.
         backend = None if enforce_eager else graph_backend or cuda_graphs.default_graph_backend(torch.device(device))
+        # compiled_cuda_graphs: the graphs record the compiled step (gpt-fast's recipe), not the eager one.
+        forward = self.compiled_model() if compiled_cuda_graphs and backend is not None else decode_forward
         self.cuda_graphs = None if backend is None else cuda_graphs.CUDAGraphRunner(
             backend, self.decode_buffers, self.capture_sizes,
             # A step's context cannot outgrow the window, nor the pool's blocks.
             cuda_graphs.key_lengths(min(max_blocks, num_blocks) * block_size, block_size),
-            model.config.hidden_size, dtype, torch.device(device))
+            model.config.hidden_size, dtype, torch.device(device), forward)
 
     @property
     def model(self):
@@ -150,7 +153,11 @@ class ModelRunner:
         query_lens = torch.tensor([entry.num_new_tokens for entry in out.scheduled])
         ends = query_lens.cumsum(0) - 1  # each sequence's last new token
         rows = [b for b, entry in enumerate(out.scheduled) for _ in entry.samples]  # one per sampling sequence
-        logits = self.model.compute_logits(hidden[ends[rows].to(self.device)])
+        if size is not None and rows == list(range(len(out.scheduled))):
+            last = hidden[: len(rows)]  # a decode step: row b is sequence b's; no index to copy to the device
+        else:
+            last = hidden[ends[rows].to(self.device)]
+        logits = self.model.compute_logits(last)
         return ModelOutput(logits, self._prompt_logits(out, hidden, ends))
 
     def _run_eager(self, out) -> torch.Tensor:
@@ -289,3 +296,59 @@ class ModelRunner:
             self._run_compiled(input_ids, meta)
             if self.enforce_eager:  # the compile failed and _run_compiled said so: eager from now on
                 break
+
+
+# --- how much memory a step needs beside the KV pool (on a GPU) -----------------------
+
+
+def working_memory(model, cfg, max_model_len: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Bytes a step needs on a GPU beside the weights and the pool, which
+    kv_pool_blocks keeps free: the peak of the largest step the engine can be
+    given, measured by running it once (nano-vllm's order: warm up, then size
+    the pool), plus room for the CUDA graphs' own memory when they are
+    recorded. 0 where nothing is measured: on a CPU, or when the pool's size is
+    given (kv_cache_memory_bytes, num_kv_blocks)."""
+    if device.type != "cuda" or cfg.num_kv_blocks is not None or cfg.kv_cache_memory_bytes is not None:
+        return 0
+    num_tokens = min(cfg.max_num_batched_tokens, max_model_len)
+    step = largest_step(model, num_tokens, max_model_len, cfg.block_size, dtype, device)
+    graphs = 0 if cfg.enforce_eager else graph_memory(model.config, capture_sizes(cfg.max_num_seqs)[-1],
+                                                      max_model_len, dtype)
+    return peak_memory(step, device) + graphs
+
+
+def largest_step(model, num_tokens: int, context: int, block_size: int, dtype, device) -> Callable[[], None]:
+    """The step that needs the most working memory: a prompt chunk of
+    num_tokens at the end of a full context window (its attention reads the
+    whole window), with the logits of every position (a request for prompt
+    logprobs asks for them all). Run on a pool just big enough for it; the
+    pool is made here, before peak_memory starts counting."""
+    num_blocks = -(-context // block_size)
+    cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
+    meta = PagedAttentionMetadata.build([num_tokens], [context], [list(range(num_blocks))], block_size, device)
+    input_ids = torch.zeros(1, num_tokens, dtype=torch.long, device=device)
+
+    @torch.inference_mode()
+    def step():
+        hidden = model(input_ids, meta.positions, cache, meta)[0]
+        model.compute_logits(hidden)
+
+    return step
+
+
+def peak_memory(step: Callable[[], None], device: torch.device) -> int:
+    """Bytes step() allocates on the GPU at its peak, beyond what was allocated before it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def graph_memory(config, max_size: int, max_len: int, dtype: torch.dtype) -> int:
+    """Room for the CUDA graphs' pool: the largest recorded step gathers one
+    layer's keys and values for max_size rows of max_len positions; twice that
+    covers the attention's other temporaries (review estimate, to be measured)."""
+    one_layer = 2 * config.num_key_value_heads * config.head_dim * dtype.itemsize  # K and V, one position
+    return 2 * max_size * max_len * one_layer

@@ -17,6 +17,7 @@ for every one-token decode.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,19 @@ import torch.nn.functional as F
 from .checks import check_choice
 from .config import KV_CACHE_DTYPES, ModelConfig
 from .kv_quant import SCALE_DTYPE, dequantize, quantize_per_head
+
+
+def keep_cudnn_attention_out() -> None:
+    """On a CUDA GPU, take cuDNN's kernel out of the ones SDPA may pick for
+    attention, for the whole process (PyTorch keeps one set of such switches;
+    the engine calls this when it starts on a GPU). Since torch 2.9, SDPA tries
+    cuDNN first in bf16 and fp16 on Hopper GPUs (H100, H200), and cuDNN builds a
+    plan on the host for every new shape: in eager steps, every decode step's
+    key length is new. Flash and memory-efficient attention need no plan.
+    TINYINFER_CUDNN_ATTENTION=1 leaves cuDNN in, to measure it
+    (benchmarks/gpu_check.py does)."""
+    if os.environ.get("TINYINFER_CUDNN_ATTENTION") != "1":
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def slot_ids(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:

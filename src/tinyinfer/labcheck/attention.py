@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..config import ModelConfig
 from ..kv_cache import KVCache
-from ..model import LlamaForCausalLM, apply_rope, rope_tables
+from ..model import LlamaForCausalLM, apply_rope, apply_rope_signed, rope_tables
 from ..paged_kv_cache import PagedKVCache
 from .core import Case, first_difference, run_check
 from .registry import Lab
@@ -89,7 +89,7 @@ def _rope_cases() -> list[Case]:
 def check_rope(rope) -> bool:
     """rope(x [B, heads, T, D], positions [T], theta) -> x rotated, [B, heads, T, D],
     against the engine's rope_tables + apply_rope."""
-    forbidden = (reference_rope, apply_rope, rope_tables, LlamaForCausalLM.rope_at)
+    forbidden = (reference_rope, apply_rope, apply_rope_signed, rope_tables, LlamaForCausalLM.rope_at)
     return run_check("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep=("rope", rope),
                      explain=lambda got, expected: _where(got, expected, "token"))
 

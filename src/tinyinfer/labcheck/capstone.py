@@ -35,7 +35,7 @@ from ..block_manager import BlockManager
 from ..kv_cache import KVCache
 from ..llm import LLM
 from ..llm_engine import LLMEngine
-from ..model import Attention, DecoderLayer, LlamaForCausalLM, apply_rope, rope_tables
+from ..model import Attention, DecoderLayer, LlamaForCausalLM, apply_rope, apply_rope_signed, rope_tables
 from ..model_runner import ModelRunner
 from ..paged_kv_cache import PagedKVCache
 from ..scheduler import Scheduler
@@ -52,7 +52,8 @@ from .scheduling_answers import reference_run_engine, reference_schedule
 from .watch import paused
 
 # What a serve may not call: the engine's forward pass and everything that runs one.
-FORBIDDEN = (LlamaForCausalLM.forward, LlamaForCausalLM.rope_at, DecoderLayer, Attention, apply_rope, rope_tables,
+FORBIDDEN = (LlamaForCausalLM.forward, LlamaForCausalLM.rope_at, DecoderLayer, Attention, apply_rope,
+             apply_rope_signed, rope_tables,
              PagedKVCache, KVCache, ModelRunner, Scheduler, BlockManager, LLMEngine, LLM,
              F.scaled_dot_product_attention)
 
