@@ -25,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
+from tinyinfer.config import CPU_KV_CACHE_BYTES  # noqa: E402
 from tinyinfer.hardware import measure_bandwidth  # noqa: E402
 from tinyinfer.weights import ensure_packaged_model  # noqa: E402
 
@@ -85,7 +86,10 @@ def main():
     rows = []
     for dtype in args.dtypes.split(","):
         start = time.perf_counter()
-        llm = LLM(dtype=dtype, device=args.device, enforce_eager=not args.compile)
+        # A fixed pool, the CPU's default: the last engine is still alive while the next is built
+        # (on a GPU, each would otherwise size its pool from the memory left).
+        llm = LLM(dtype=dtype, device=args.device, enforce_eager=not args.compile,
+                  kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
         if args.compile:
             print(f"compiling, {dtype}: {time.perf_counter() - start:.1f} s (the engine compiles when it is built)")
         hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()

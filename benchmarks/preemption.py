@@ -23,6 +23,7 @@ import time
 import torch
 
 from tinyinfer import LLMEngine, SamplingParams
+from tinyinfer.config import CPU_KV_CACHE_BYTES
 from tinyinfer.eval import eval_text
 from tinyinfer.llm_engine import run_until_done
 
@@ -60,7 +61,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     common = dict(device=args.device, max_num_seqs=args.max_num_seqs, enable_prefix_caching=False)
     engines = {
-        "keep": LLMEngine(**common),
+        "keep": LLMEngine(**common, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES),  # fixed: three engines live here
         "recompute": LLMEngine(**common, num_kv_blocks=args.blocks, preemption_mode="recompute"),
         "swap": LLMEngine(**common, num_kv_blocks=args.blocks, preemption_mode="swap"),
     }

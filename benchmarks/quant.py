@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
+from tinyinfer.config import CPU_KV_CACHE_BYTES  # noqa: E402
 from tinyinfer.eval import eval_text, perplexity  # noqa: E402
 from tinyinfer.quant import (  # noqa: E402
     LAYER_LINEARS, dequantize_int4, dequantize_int8, formula_bytes, ideal_bytes, kernel_available, model_bytes,
@@ -91,7 +92,9 @@ def main():
 
     rows, errors = [], None
     for name, method, group in FORMATS:
-        llm = LLM(dtype="bfloat16" if name == "bf16" else "float32", device=args.device)
+        # A fixed pool, the CPU's default: the last engine is still alive while the next is built.
+        llm = LLM(dtype="bfloat16" if name == "bf16" else "float32", device=args.device,
+                  kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
         dev = llm.device
         if errors is None:
             print(f"device {dev.type}, {torch.get_num_threads()} threads, torch {torch.__version__}")

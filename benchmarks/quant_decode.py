@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams, quant  # noqa: E402
+from tinyinfer.config import CPU_KV_CACHE_BYTES, half_dtype  # noqa: E402
 from tinyinfer.hardware import format_bandwidth, measure_bandwidth  # noqa: E402
 
 PROMPT = "The lighthouse keeper climbed the stairs and"
@@ -52,9 +53,12 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     start, cpu = time.perf_counter(), time.process_time()
-    fp32 = LLM("smollm2-135m-instruct", dtype="float32", device=args.device)
+    pool = dict(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)  # fixed pools, the CPU's default: two engines live here
+    fp32 = LLM("smollm2-135m-instruct", dtype="float32", device=args.device, **pool)
     bandwidth = measure_bandwidth(fp32.device)
-    bf16 = LLM("smollm2-135m-instruct", dtype="bfloat16", device=args.device)
+    bf16 = LLM("smollm2-135m-instruct", dtype=half_dtype(fp32.device), device=args.device, **pool)
+    if bf16.llm_engine.dtype != torch.bfloat16:
+        print("this GPU has no bf16 units (compute capability below 8.0): the rows labelled bf16 run in fp16")
     f, b = fp32.model, bf16.model
     int4_bf16 = quant.quantize_model(copy.deepcopy(b), "int4", 32)
     runs = [("fp32", fp32, f, None, False), ("bf16", bf16, b, None, False),

@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tinyinfer import LLMEngine, SamplingParams  # noqa: E402
+from tinyinfer.config import CPU_KV_CACHE_BYTES  # noqa: E402
 from tinyinfer.eval import eval_text  # noqa: E402
 from tinyinfer.metrics import percentile  # noqa: E402
 from tinyinfer.weights import ensure_packaged_model  # noqa: E402
@@ -247,7 +248,8 @@ def main():
     print(machine_line(device))
 
     common = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, seed=args.seed)
+                  max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, seed=args.seed,
+                  kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)  # fixed pools, the CPU's default: two engines live here
     engines = {name: LLMEngine(scheduling=name, **common) for name in ("continuous", "static")}
     tok = engines["continuous"].tokenizer
     workload = make_workload(tok, args.num_requests, plen, olen, args.seed, args.request_rate)
