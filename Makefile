@@ -10,6 +10,8 @@
 #   make peers   tinyinfer beside llama.cpp and vLLM CPU on this machine (sets both up once, outside the repo)
 #   make fleet   two replicas behind vLLM's router, three policies, beside the simulator; then
 #                all-reduce and a 2-way tensor-parallel MLP over two gloo processes (a few minutes)
+#   make gpu-check  the prepared run on a lent GPU machine, one call per PART=A|B|C (README,
+#                "On a GPU"); DEVICE=cpu is its dry run here (tiny shapes, one notebook, ~1 minute)
 #   make clean   remove _build/
 #
 # Everything runs in a virtual environment, $(VENV), created on first use.
@@ -37,7 +39,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book vendor test test-portable lab labs record peers fleet clean
+.PHONY: book vendor test test-portable lab labs record peers fleet gpu-check clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -147,6 +149,25 @@ fleet: $(STAMP)
 	@mkdir -p _build
 	$(PY) benchmarks/fleet_router.py --save _build/fleet-router.json
 	$(PY) benchmarks/tp_gloo.py --save _build/tp-gloo.json
+
+# The prepared run on a lent GPU machine (README, "On a GPU"), one device call per
+# PART: A (facts, tests/test_cuda.py, the engine), B (the notebooks, several at
+# once), C (compiled graphs, if A ran out of time); PART=all runs them in turn.
+# No venv there: the image's python3 has torch, and tinyinfer runs from src/.
+# GPU_IN is the folder scripts/gpu_prepare.py made (the call carries it); each
+# call writes OUT/gpu_check-PART.json and .log. DEVICE=cpu (or GPU_CHECK_DEVICE=cpu)
+# is the dry run: every part, on the tiny shape and one short notebook, on this
+# machine's CPU, in about a minute (tests/test_gpu_check.py runs it in make test).
+GPU_CHECK_DEVICE ?= cuda
+DEVICE     ?= $(GPU_CHECK_DEVICE)
+PART       ?= all
+OUT        ?= _build/gpu-check
+GPU_IN     ?= gpu_in
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py part $(PART) \
+	    --device $(DEVICE) --out $(OUT) --inputs $(GPU_IN) $(if $(NAMES),--names $(NAMES)) \
+	    $(if $(JOBS),--jobs $(JOBS)) $(if $(EARLIER),--earlier $(EARLIER))
 
 clean:
 	rm -rf _build
