@@ -40,7 +40,9 @@ DATA = Path(__file__).resolve().parent / "data"  # beside peers' copies: measure
 STORED = DATA / "gpu-2026-12-04-h200.json"
 MODES = ("eager", "compiled", "graphs", "transformers")  # the table's order
 MODE_NAMES = {"eager": "tinyinfer eager", "compiled": "tinyinfer compiled (torch.compile, no graphs)",
-              "graphs": "tinyinfer with CUDA graphs", "transformers": "transformers eager"}
+              "graphs": "tinyinfer with CUDA graphs", "transformers": "transformers eager",
+              "eager_cudnn": "tinyinfer eager, cuDNN attention allowed",
+              "compiled_graphs": "tinyinfer compiled, recorded as CUDA graphs"}
 SHAPE_NAMES = {"135m": "135M", "1.7b": "1.7B"}
 # A step whose launching alone would take at least this share of its time is
 # called launch-bound: the GPU then waits on the CPU more than it works.
