@@ -2,7 +2,9 @@
 #
 #   make book    build the static site into _build/html, executing every notebook
 #   make vendor  fetch the site's JavaScript (MathJax, widgets) from npm into _vendor/
-#   make test    run the whole test suite (engine, labs, notebooks, book build)
+#   make test    run the whole test suite: lint, the engine's tests, then the course's and the book's
+#   make test-engine  the engine's tests alone (tests/engine), in minutes
+#   make lint    ruff over src, tests, benchmarks and scripts (pyproject.toml configures it)
 #   make lab     JupyterLab on labs/
 #   make labs    regenerate labs/ from solutions/
 #   make record  re-execute every solution, in order, on this engine (then make labs); idle machine!
@@ -10,7 +12,7 @@
 #   make peers   tinyinfer beside llama.cpp and vLLM CPU on this machine (sets both up once, outside the repo)
 #   make fleet   two replicas behind vLLM's router, three policies, beside the simulator; then
 #                all-reduce and a 2-way tensor-parallel MLP over two gloo processes (a few minutes)
-#   make gpu-check  the prepared run on a lent GPU machine, one call per PART=A|B|C (README,
+#   make gpu-check  the prepared run on a lent GPU machine, one call per PART=A|B|C (docs/benchmarks.md,
 #                "On a GPU"); DEVICE=cpu is its dry run here (tiny shapes, one notebook, ~1 minute)
 #   make clean   remove _build/
 #
@@ -39,7 +41,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book vendor test test-portable lab labs record peers fleet gpu-check clean
+.PHONY: book vendor test test-engine lint test-portable lab labs record peers fleet gpu-check clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -99,8 +101,19 @@ vendor:
 book: $(STAMP) vendor
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
+# Three steps, so a red light says which part failed: lint, the engine's tests
+# (tests/engine), then the course's and the book's (tests/course, tests/book), where
+# the notebooks and the book's build run beside the course's tests (tests/book/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory lint
+	$(PY) -m pytest tests/engine $(PYTEST_ARGS)
+	$(PY) -m pytest tests/course tests/book $(PYTEST_ARGS)
+
+test-engine: $(STAMP)
+	$(PY) -m pytest tests/engine $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 # JupyterLab refuses to run as root without --allow-root (containers, CI machines).
 lab: $(STAMP)
@@ -116,13 +129,13 @@ labs: $(STAMP)
 AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 NO_VECTOR_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
 test-portable: $(STAMP)
-	$(AVX2_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
-	$(NO_VECTOR_KERNELS) $(PY) -m pytest tests/test_notebooks.py -k strict $(PYTEST_ARGS)
+	$(AVX2_KERNELS) $(PY) -m pytest tests/book/test_notebooks.py -k strict $(PYTEST_ARGS)
+	$(NO_VECTOR_KERNELS) $(PY) -m pytest tests/book/test_notebooks.py -k strict $(PYTEST_ARGS)
 
 # Re-record the solutions: each is executed in place, in order (lab 4 loads what
 # lab 3 kept), on RECORD_THREADS threads, stamped with the fingerprint of the engine
-# modules it runs (tests/test_recorded.py fails when a stamp is stale), and the labs are written
-# again. Refuses while src/tinyinfer has uncommitted changes: the stamp would name
+# modules it runs (tests/book/test_recorded.py fails when a stamp is stale), and the labs are written
+# again. Refuses while src/ has uncommitted changes to stamped code: the stamp would name
 # an engine no commit has (ALLOW_DIRTY=1 records anyway). Run it on an idle machine:
 # the timings it stores are the ones the site shows.
 record: $(STAMP)
@@ -143,21 +156,21 @@ peers: $(STAMP)
 # Not part of `make test`. Two `tinyinfer serve` replicas behind vllm-router (the
 # [fleet] extra, Linux x86_64 only), one session workload replayed under three
 # policies, each beside the simulator's prediction; about 5 minutes on 2 cores.
-# The report lands in _build/fleet-router.json (--save src/tinyinfer/bench/data/...
+# The report lands in _build/fleet-router.json (--save src/tinyinfer_course/reports/data/...
 # stores a copy for the book). `tinyinfer fleet` starts a fleet to try by hand.
 fleet: $(STAMP)
 	@mkdir -p _build
 	$(PY) benchmarks/fleet_router.py --save _build/fleet-router.json
 	$(PY) benchmarks/tp_gloo.py --save _build/tp-gloo.json
 
-# The prepared run on a lent GPU machine (README, "On a GPU"), one device call per
-# PART: A (facts, tests/test_cuda.py, the engine), B (the notebooks, several at
+# The prepared run on a lent GPU machine (docs/benchmarks.md, "On a GPU"), one device call per
+# PART: A (facts, tests/engine/test_cuda.py, the engine), B (the notebooks, several at
 # once), C (compiled graphs, if A ran out of time); PART=all runs them in turn.
 # No venv there: the image's python3 has torch, and tinyinfer runs from src/.
 # GPU_IN is the folder scripts/gpu_prepare.py made (the call carries it); each
 # call writes OUT/gpu_check-PART.json and .log. DEVICE=cpu (or GPU_CHECK_DEVICE=cpu)
 # is the dry run: every part, on the tiny shape and one short notebook, on this
-# machine's CPU, in about a minute (tests/test_gpu_check.py runs it in make test).
+# machine's CPU, in about a minute (tests/course/test_gpu_check.py runs it in make test).
 GPU_CHECK_DEVICE ?= cuda
 DEVICE     ?= $(GPU_CHECK_DEVICE)
 PART       ?= all

@@ -25,8 +25,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
-from tinyinfer.config import CPU_KV_CACHE_BYTES  # noqa: E402
-from tinyinfer.hardware import measure_bandwidth  # noqa: E402
+from tinyinfer.kv_pool import CPU_KV_CACHE_BYTES  # noqa: E402
+from tinyinfer_course.analysis.hardware import measure_bandwidth  # noqa: E402
 from tinyinfer.weights import ensure_packaged_model  # noqa: E402
 
 PROMPT = ("The history of the lighthouse begins with fires lit on hills near harbours, "

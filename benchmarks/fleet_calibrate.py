@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tinyinfer import LLMEngine, SamplingParams  # noqa: E402
-from tinyinfer.fleet import ReplicaConfig, calibrate, simulate, workload_from  # noqa: E402
+from tinyinfer_course.fleet import ReplicaConfig, calibrate, simulate, workload_from  # noqa: E402
 from tinyinfer.llm_engine import run_until_done  # noqa: E402
 from tinyinfer.metrics import LatencyStats  # noqa: E402
 
@@ -70,7 +70,8 @@ def main():
     sim = simulate(workload_from(records), 1, cost, replica_config=cfg)
     print(f"\n{args.requests} requests in one burst, max_num_seqs={args.max_num_seqs}")
     print(f"{'':14}{'real':>9}{'sim':>9}{'sim/real':>10}")
-    for name, real, simulated in (("TTFT mean", real_ttft.mean, sim.ttft.mean), ("TTFT p95", real_ttft.p95, sim.ttft.p95),
+    for name, real, simulated in (("TTFT mean", real_ttft.mean, sim.ttft.mean),
+                                  ("TTFT p95", real_ttft.p95, sim.ttft.p95),
                                   ("E2E mean", real_e2e.mean, sim.e2e.mean), ("E2E p95", real_e2e.p95, sim.e2e.p95)):
         print(f"{name:14}{real:9.2f}{simulated:9.2f}{simulated / real:10.2f}")
 

@@ -2,23 +2,23 @@
 
     python benchmarks/fleet_router.py [--save _build/fleet-router.json]     # `make fleet`
 
-1. Draw the session workload (tinyinfer.fleet.sessions): sessions arriving as a
+1. Draw the session workload (tinyinfer_course.fleet.sessions): sessions arriving as a
    Poisson process, each picking one of a few long system prompts and sending
    a few turns, each turn re-sending the earlier ones.
 2. Calibrate the simulator: fit its StepCostModel (fleet.calibrate_steps) by
    timing whole steps of an engine with one replica's settings and threads, in
    this process, before any replica starts: the prediction is made first.
 3. For each policy: start 2 `tinyinfer serve` replicas (the cores shared out)
-   behind vllm-router (fleet.live.start_fleet), warm each replica up with one
+   behind vllm-router (fleet.live_fleet.start_fleet), warm each replica up with one
    request, replay the workload through the router with `tinyinfer bench`'s
    client, and read each replica's share and prefix-cache hits from /metrics
-   (fleet.live_run.measure_policy). A fresh fleet per policy: empty caches.
+   (fleet.live_replay.measure_policy). A fresh fleet per policy: empty caches.
 4. Simulate the same requests, at the moments they were really sent, with the
    simulator's nearest policy, twice: on the offline calibration (the
    prediction) and on a cost model fitted to the steps the replicas really ran
    in that run (what is left of the gap once the step costs are right).
 5. Store one JSON report, stamped with the engine's fingerprint and the CPU;
-   tinyinfer.fleet.router_report renders it (chapter 8).
+   tinyinfer_course.reports.router renders it (chapter 8).
 
 It takes about 4 minutes on 2 cores (mostly starting replicas). Run it on an
 idle machine: TTFT is a timing.
@@ -39,10 +39,12 @@ import torch  # noqa: E402
 
 from tinyinfer import LLMEngine  # noqa: E402
 from tinyinfer.bench.prompts import load_tokenizer  # noqa: E402
-from tinyinfer.fleet import ReplicaConfig, calibrate_steps, fit_steps  # noqa: E402
-from tinyinfer.fleet import live, router_report  # noqa: E402
-from tinyinfer.fleet.live_run import measure_policy, simulate_policy  # noqa: E402
-from tinyinfer.fleet.sessions import make_session_workload, to_sim_requests  # noqa: E402
+from tinyinfer_course.fleet import ReplicaConfig, calibrate_steps, fit_steps  # noqa: E402
+from tinyinfer_course import machine  # noqa: E402
+from tinyinfer_course.fleet import live_fleet  # noqa: E402
+from tinyinfer_course.reports import router as router_report
+from tinyinfer_course.fleet.live_replay import measure_policy, simulate_policy  # noqa: E402
+from tinyinfer_course.fleet.sessions import make_session_workload, to_sim_requests  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 
@@ -67,9 +69,9 @@ def main() -> None:
     ap.add_argument("--save", default=None, help="write the JSON report here")
     args = ap.parse_args()
     policies = args.policies.split(",")
-    if live.router_binary() is None:
-        sys.exit(f"vllm-router is not installed: {live.INSTALL_HINT}. The simulator alone: tinyinfer fleet.")
-    threads = args.threads or live.split_threads(args.replicas)
+    if live_fleet.router_binary() is None:
+        sys.exit(f"vllm-router is not installed: {live_fleet.INSTALL_HINT}. The simulator alone: tinyinfer fleet.")
+    threads = args.threads or live_fleet.split_threads(args.replicas)
     load_at_start = _load()  # other work on the machine slows every timing below
 
     tokenizer = load_tokenizer(args.model)
@@ -89,7 +91,7 @@ def main() -> None:
     runs = {}
     for policy in policies:
         load = _load()
-        with live.start_fleet(args.replicas, policy, args.model, dtype=args.dtype, threads=threads,
+        with live_fleet.start_fleet(args.replicas, policy, args.model, dtype=args.dtype, threads=threads,
                               max_num_seqs=args.max_num_seqs) as fleet:
             real = measure_policy(fleet, turns, args.model)
         steps = [s for rs in real.pop("steps") for s in rs]
@@ -114,13 +116,13 @@ def main() -> None:
     report = {
         "meta": {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            **router_report.machine(),
+            **machine.facts(),
             "load_average": load_at_start,
             "threads_per_replica": threads, "replicas": args.replicas, "model": args.model, "dtype": args.dtype,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
             "router": f"vllm-router {router_report.router_version()}",
             "command": "python benchmarks/fleet_router.py " + " ".join(sys.argv[1:]),
-            "engine_stamp": router_report.engine_stamp(),
+            "engine_stamp": router_report.REPORT.stamp(),
         },
         "workload": {
             "sessions": args.sessions, "turns": args.turns, "system_prompts": args.system_prompts,

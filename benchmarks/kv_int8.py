@@ -1,10 +1,10 @@
 """kv_cache_dtype="auto" against "int8": bytes per token, the tokens a pool
 holds, and quality (perplexity on the course's evaluation text, next-token and
 greedy agreement), measured through the engine's paged pool. Chapter 5
-renders the stored report (tinyinfer.bench.kv_cache_dtype).
+renders the stored report (tinyinfer_course.reports.kv_int8).
 
     python benchmarks/kv_int8.py                          # fp32 and bf16, default model; prints the table
-    python benchmarks/kv_int8.py --save src/tinyinfer/bench/data/kv-int8-DATE-CPU.json
+    python benchmarks/kv_int8.py --save src/tinyinfer_course/reports/data/kv-int8-DATE-CPU.json
     python benchmarks/kv_int8.py --dtypes float32 --max-tokens 32
 
 A few minutes on 2 CPU cores (the evaluation text, 6,000 tokens, is prefilled
@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tinyinfer import memory
-from tinyinfer.bench import kv_cache_dtype as kvq
+from tinyinfer_course.analysis import memory
+from tinyinfer_course.reports import kv_int8 as kvq
 
 
 def main() -> None:

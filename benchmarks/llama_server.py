@@ -70,7 +70,7 @@ NEEDS = ("building llama.cpp's llama-server needs cmake (>= 3.14) and a C++17 co
 
 def home() -> Path:
     """~/.cache/tinyinfer/llama.cpp, or $TINYINFER_HOME/llama.cpp (tinyinfer's own cache folder)."""
-    from tinyinfer.weights import cache_dir
+    from tinyinfer.config import cache_dir
 
     return cache_dir() / "llama.cpp"
 

@@ -24,7 +24,7 @@
 3. Drives each with `tinyinfer bench` at each concurrency: fixed input and output
    lengths, EOS suppressed, all requests sent at once (the concurrency caps them).
    Every reply's tokens are counted: a row whose replies are not all
-   --output-len tokens long fails (tinyinfer.bench.peers.summarize_run). A
+   --output-len tokens long fails (tinyinfer_course.reports.peers.summarize_run). A
    short warm-up at each concurrency comes first (vLLM and torch.compile compile
    for new batch shapes on first sight); every run draws prompts from a seed of
    its own, the same on every engine, so no prompt is ever sent twice and no
@@ -55,8 +55,8 @@ from serving import install_signal_handlers  # noqa: E402
 
 import llama_server  # noqa: E402
 
-from tinyinfer.bench import peers as report_lib  # noqa: E402
-from tinyinfer.bench import stored  # noqa: E402
+from tinyinfer_course import machine  # noqa: E402
+from tinyinfer_course.reports import peers as report_lib  # noqa: E402
 
 NUM_PROMPTS = {1: 4, 8: 16, 32: 32}  # requests per run by default: enough for a median, not an hour
 
@@ -98,17 +98,16 @@ def run_server(key: str, peer, ctx: Context, args, tmp: Path) -> tuple[dict, dic
 def machine_meta(args, threads: int) -> dict:
     import torch
 
-    from tinyinfer.hardware import measure_bandwidth
+    from tinyinfer_course.analysis.hardware import measure_bandwidth
 
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": stored.cpu_name(default="unknown CPU"),
-            "cores": os.cpu_count(),
-            "threads": threads, "vector_units": report_lib.vector_units(), "emulation": report_lib.emulated_isa(),
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **machine.facts(),
+            "threads": threads, "emulation": machine.emulated_isa(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "bandwidth_gb_s": round(measure_bandwidth("cpu") / 1e9, 1), "input_len": args.input_len,
             "output_len": args.output_len, "concurrency": args.concurrency, "num_prompts": args.num_prompts,
             "baseline": args.baseline, "llama_cpp_build": args.llama_cpp_build, "note": args.note,
-            # which tinyinfer served: the pages compare it with today's code (peers.engine_note)
-            "engine_stamp": report_lib.engine_stamp()}
+            # which tinyinfer served: the pages compare it with today's code (peers.REPORT.note)
+            "engine_stamp": report_lib.REPORT.stamp()}
 
 
 def parse_args(argv=None):

@@ -23,8 +23,8 @@ import time
 import torch
 
 from tinyinfer import LLMEngine, SamplingParams
-from tinyinfer.config import CPU_KV_CACHE_BYTES
-from tinyinfer.eval import eval_text
+from tinyinfer.kv_pool import CPU_KV_CACHE_BYTES
+from tinyinfer_course.analysis.eval import eval_text
 from tinyinfer.llm_engine import run_until_done
 
 
@@ -75,7 +75,8 @@ def main() -> None:
         wall, outs, computed = run(e, work)
         reference = reference or outs
         same = outs == reference
-        rows.append((name, wall, useful / wall, e.scheduler.num_preemptions, computed, e.scheduler.num_swapped_out, same))
+        rows.append((name, wall, useful / wall, e.scheduler.num_preemptions, computed, e.scheduler.num_swapped_out,
+                     same))
     base = rows[0][2]
     print(f"\n{args.requests} requests, {useful} output tokens, torch threads {torch.get_num_threads()}, "
           f"small pool {args.blocks} blocks x 16 tokens, max_num_seqs {args.max_num_seqs}\n")

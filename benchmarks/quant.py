@@ -6,7 +6,7 @@ Formats: fp32, bf16 (the whole model in that dtype), and weight-only INT8 and
 INT4 (group sizes 32/64/128) of the decoder layers' linear layers, with fp32
 activations. For each format it prints
   - bytes: measured from the tensors, beside the formula params x bits / 8;
-  - perplexity on the course's evaluation text (tinyinfer/data/eval_text.txt);
+  - perplexity on the course's evaluation text (tinyinfer_course/data/eval_text.txt);
   - decode speed at batch 1 (time per output token after the first), through
     the reference path (de-quantize, then matmul) and, where torch has one,
     a packed-weight kernel;
@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
-from tinyinfer.config import CPU_KV_CACHE_BYTES  # noqa: E402
-from tinyinfer.eval import eval_text, perplexity  # noqa: E402
+from tinyinfer.kv_pool import CPU_KV_CACHE_BYTES  # noqa: E402
+from tinyinfer_course.analysis.eval import eval_text, perplexity  # noqa: E402
 from tinyinfer.quant import (  # noqa: E402
     LAYER_LINEARS, dequantize_int4, dequantize_int8, formula_bytes, ideal_bytes, kernel_available, model_bytes,
     quantize_int4, quantize_int8, quantize_model, set_use_kernel,
@@ -78,7 +78,8 @@ def requant_error(llm):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ppl-tokens", type=int, default=2048, help="tokens of the eval text to score (about 6,000 in all)")
+    ap.add_argument("--ppl-tokens", type=int, default=2048,
+                    help="tokens of the eval text to score (about 6,000 in all)")
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--stride", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=32)

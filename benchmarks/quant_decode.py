@@ -7,7 +7,7 @@ more tokens and repeats. For each configuration (weights, activation dtype, pack
 kernel or de-quantize-then-matmul) it prints the bytes a decode step moves (every
 stored tensor once; without a kernel, plus a full-size copy of each quantized
 weight written and read back), the prediction bytes / bandwidth, where the
-bandwidth is tinyinfer.hardware.measure_bandwidth on this machine, the best
+bandwidth is tinyinfer_course.analysis.hardware.measure_bandwidth on this machine, the best
 measured time per output token after the first (over --repeats rounds through all
 configurations), and the speed relative to bf16.
 All rows run in one process, so their ratios are comparable even on a busy machine.
@@ -24,8 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from tinyinfer import LLM, SamplingParams, quant  # noqa: E402
-from tinyinfer.config import CPU_KV_CACHE_BYTES, half_dtype  # noqa: E402
-from tinyinfer.hardware import format_bandwidth, measure_bandwidth  # noqa: E402
+from tinyinfer.config import half_dtype  # noqa: E402
+from tinyinfer.kv_pool import CPU_KV_CACHE_BYTES  # noqa: E402
+from tinyinfer_course.analysis.hardware import format_bandwidth, measure_bandwidth  # noqa: E402
 
 PROMPT = "The lighthouse keeper climbed the stairs and"
 

@@ -62,7 +62,8 @@ def main():
     for name, text in PROMPTS.items():
         ids = llm.tokenizer.encode(text)
         ref, base = run(SpeculativeDecoder(llm, draft="none"), ids, params, args.repeats)
-        print(f"{name:<6} {'none':<7} {'-':>2} {'-':>3} {'-':>7} {1.0:>8.2f} {base.tokens_per_second:>7.1f} {1.0:>7.2f}x")
+        print(f"{name:<6} {'none':<7} {'-':>2} {'-':>3} {'-':>7} {1.0:>8.2f} "
+              f"{base.tokens_per_second:>7.1f} {1.0:>7.2f}x")
         for draft, k, L in configs:
             spec = SpeculativeDecoder(llm, draft=draft, num_speculative_tokens=k, draft_layers=L)
             out, st = run(spec, ids, params, args.repeats)

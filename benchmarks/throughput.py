@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -54,8 +53,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tinyinfer import LLMEngine, SamplingParams  # noqa: E402
-from tinyinfer.config import CPU_KV_CACHE_BYTES  # noqa: E402
-from tinyinfer.eval import eval_text  # noqa: E402
+from tinyinfer.kv_pool import CPU_KV_CACHE_BYTES  # noqa: E402
+from tinyinfer_course import machine  # noqa: E402
+from tinyinfer_course.analysis.eval import eval_text  # noqa: E402
 from tinyinfer.metrics import percentile  # noqa: E402
 from tinyinfer.weights import ensure_packaged_model  # noqa: E402
 
@@ -210,14 +210,9 @@ def p(values, q):
 
 
 def machine_line(device):
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     return (f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
-            f"{os.cpu_count()} logical CPUs ({cpu}), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+            f"{os.cpu_count()} logical CPUs ({machine.cpu_name()}), "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
 
 
 def main():

@@ -12,7 +12,7 @@
    MLP time halved, plus one all-reduce of T x 576 float32 values per layer on
    the fitted link. The two processes' outputs are compared with one process's.
 
-    python benchmarks/tp_gloo.py --save src/tinyinfer/bench/data/tp-gloo-DATE.json
+    python benchmarks/tp_gloo.py --save src/tinyinfer_course/reports/data/tp-gloo-DATE.json
 
 Run it alone on the machine (flock /tmp/coord/heavy.lock ...): two processes on
 two cores is the point, and anything else running skews both.
@@ -28,13 +28,22 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyinfer.bench import tp_report
-from tinyinfer.hardware import allreduce_time
-from tinyinfer.tensor_parallel import allreduce_sweep, fit_ring, hidden_states, run_ranks, step_times
+from tinyinfer_course import machine
+from tinyinfer_course.reports import tp_gloo as tp_report
+from tinyinfer_course.analysis.hardware import allreduce_time
+from tinyinfer_course.fleet.tensor_parallel import allreduce_sweep, fit_ring, hidden_states, run_ranks, step_times
 from tinyinfer.weights import ensure_packaged_model
 
 SIZES = [4 * 4 ** k for k in range(12)]  # 4 B .. 16 MiB
 LENGTHS = [1, 8, 64, 256]
+
+
+def machine_meta() -> dict:
+    """When, on what, with which torch, and the stamp of the code the processes ran."""
+    import torch
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **machine.facts(),
+            "torch": torch.__version__, "backend": "gloo", "engine_stamp": tp_report.REPORT.stamp()}
 
 
 def main(argv=None) -> dict:
@@ -78,7 +87,7 @@ def main(argv=None) -> dict:
               f"(predicted {r['predicted_two_processes_s'] * 1e3:8.1f} ms; all-reduces "
               f"{r['two_processes_allreduce_s'] * 1e3:.1f} ms, predicted {comm * 1e3:.1f})", flush=True)
 
-    meta = tp_report.machine_meta() | {"load_average_before": load_before, "load_average_after": os.getloadavg()}
+    meta = machine_meta() | {"load_average_before": load_before, "load_average_after": os.getloadavg()}
     report = {"meta": meta, "model": {"name": "smollm2-135m-instruct", "dtype": "float32",
                                                          "layers": config.num_hidden_layers,
                                                          "hidden_size": config.hidden_size,

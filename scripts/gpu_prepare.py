@@ -85,7 +85,8 @@ def gpu_check():
 def copy_small_files(out: Path) -> int:
     """The default model's config and tokenizer files into out/home/MODEL; their bytes."""
     sys.path.insert(0, str(ROOT / "src"))
-    from tinyinfer.weights import cache_dir, ensure_packaged_model
+    from tinyinfer.config import cache_dir
+    from tinyinfer.weights import ensure_packaged_model
 
     source = cache_dir() / MODEL
     if not (source / "tokenizer.json").exists():

@@ -9,7 +9,7 @@ Conventions in a solution notebook:
 - A code cell tagged `prediction` holds "predict, then measure" prompts: lines
   `name = value  # comment`. In the lab each value becomes None, so the reader
   writes their own number before running the measurement that follows.
-- The next code cell (after an exercise) is tagged `check`. It calls tinyinfer.labcheck and its
+- The next code cell (after an exercise) is tagged `check`. It calls tinyinfer_course.labcheck and its
   last statement is the check call, or `name = <check call>`; tests read that
   bool. Exercise and check cells are plain Python (no magics) and
   self-contained: an exercise cell imports what it uses, and a check cell uses
@@ -48,7 +48,7 @@ Conventions in a solution notebook:
   alone: it reads nothing that an exercise or a check made, directly or through
   an earlier cell (make_lab refuses it otherwise: `engine_only_problems`). In the
   lab it is the same code and also tagged `nbval-skip`, which only the tests
-  read: the run of the unsolved labs (tests/test_notebooks.py) skips it, since
+  read: the run of the unsolved labs (tests/book/test_notebooks.py) skips it, since
   the solution's run has just executed the same code on the same inputs. So is
   every cell that needs what such a cell made; it must be tagged too. Reserve it
   for experiments that cost seconds. (The check reads names only, so a cell that
@@ -88,8 +88,8 @@ it for every solution, and refuses while the engine has uncommitted changes.
 Each executed solution stores, in its metadata under "tinyinfer", the modules of
 the engine it ran (the ones its code cells import, transitively, and the command
 line's when a cell runs `tinyinfer serve`), each with a hash of its code without
-docstrings and comments, and their fingerprint (tinyinfer/fingerprint.py).
-tests/test_recorded.py fails when a solution's fingerprint is not what its
+docstrings and comments, and their fingerprint (tinyinfer_course/fingerprint.py).
+tests/book/test_recorded.py fails when a solution's fingerprint is not what its
 modules give today, so stale timings and texts cannot stay on the site unseen,
 while a docstring edit, or a change to a module it does not import, stales nothing.
 """
@@ -360,7 +360,8 @@ def quiz_names(source: str, where: str) -> list[str]:
             expr = ast.parse(value, mode="eval").body
         except SyntaxError as e:
             raise ValueError(f"{where}: quiz line {match.group(0)!r} is not `name = expression`") from e
-        literal = isinstance(expr, ast.Constant) or isinstance(expr, ast.UnaryOp) and isinstance(expr.operand, ast.Constant)
+        literal = isinstance(expr, ast.Constant) or (isinstance(expr, ast.UnaryOp)
+                                                     and isinstance(expr.operand, ast.Constant))
         if literal and value != "None":  # None: the lab's blank
             raise ValueError(f"{where}: the quiz answer {name} = {value} is a literal; compute it from the run")
         names.append(name)
@@ -447,17 +448,20 @@ def lab_texts() -> dict[Path, str]:
 
 # ------------------------------------------------ which engine a solution was recorded on
 
-ENGINE = ROOT / "src" / "tinyinfer"
+ENGINE = ROOT / "src"  # both packages: the engine (tinyinfer) and the course's code (tinyinfer_course)
 # `make record` refuses uncommitted changes anywhere a solution could import from,
-# except the checks (strict nbval compares what they print) and the book's schematics.
-ENGINE_EXCLUDE = ("labcheck", "schematics")
+# except what stamps do not count (fingerprint.NOT_COUNTED: the checks, the stored
+# reports and their renderers, the schematics, the fingerprint itself).
+ENGINE_EXCLUDE = ("tinyinfer_course/labcheck", "tinyinfer_course/reports", "tinyinfer_course/schematics",
+                  "tinyinfer_course/fingerprint.py")
 RECORD_KEY = "tinyinfer"  # the solution's metadata key for what it was recorded on
 
 
 def _load_fingerprint():
-    """tinyinfer/fingerprint.py, loaded by its path: it needs only the standard
+    """tinyinfer_course/fingerprint.py, loaded by its path: it needs only the standard
     library, and importing the package would load torch for nothing."""
-    spec = importlib.util.spec_from_file_location("tinyinfer_fingerprint", ENGINE / "fingerprint.py")
+    spec = importlib.util.spec_from_file_location("tinyinfer_fingerprint",
+                                                  ENGINE / "tinyinfer_course" / "fingerprint.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

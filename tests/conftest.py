@@ -1,10 +1,14 @@
-"""Shared fixtures. Nothing here touches the network: the default model comes
-from the pip-fetched package (see tinyinfer.weights), tiny models are built in-process."""
+"""What every test folder shares (tests/engine, tests/course, tests/book): the
+environment, the default model and a tiny one. Nothing here touches the network:
+the default model comes from the pip-fetched package (see tinyinfer.weights),
+tiny models are built in-process. The notebooks' and the book's orchestration is
+tests/book/conftest.py's."""
 import os
 import sys
-import time
 
 import pytest
+
+from inductor_cache import inductor_cache_dir  # tests/ is on sys.path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a failed Hub lookup would cost ~50 s
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -14,28 +18,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # the tiny model: 45 s with the pool, 38 s without, one thread, quiet machine).
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # The labs keep each passing exercise in the learner's engine folder
-# (tinyinfer.labcheck.my_engine), ~/tinyinfer-my-engine by default. Notebooks run
+# (tinyinfer_course.labcheck.my_engine), ~/tinyinfer-my-engine by default. Notebooks run
 # by the tests (in subprocesses, which inherit this) write to a folder of their own.
 if "TINYINFER_MY_ENGINE" not in os.environ:
     import tempfile
 
     os.environ["TINYINFER_MY_ENGINE"] = tempfile.mkdtemp(prefix="tinyinfer-my-engine-")
-
-
-def inductor_cache_dir(environ) -> str | None:
-    """The folder torch.compile's caches should use under `environ`, or None for
-    torch's default. Inductor generates C++ for the vector ISA ATEN_CPU_CAPABILITY
-    names, but its on-disk cache (torch 2.13) does not key on it: a graph compiled
-    under ATEN_CPU_CAPABILITY=avx2 and then loaded with native kernels aborts, and
-    the other way round it wrote [314, 0, 0, ...] for [314, 314, ...]. So each
-    emulated CPU (make test-portable) keeps a cache of its own."""
-    capability = environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    if "TORCHINDUCTOR_CACHE_DIR" in environ or not capability:
-        return None
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # torch's own name for the folder
-
-    return f"{default_cache_dir()}_{capability}"
-
 
 if (_cache := inductor_cache_dir(os.environ)) is not None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache  # notebooks' kernels inherit it
@@ -74,71 +62,22 @@ def hf_model(default_model_dir):
     return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
 
 
-def pytest_collection_finish(session):
-    """Start the notebooks' streams (and the book's build) as soon as the run
-    knows what it selected, so they run beside the engine tests instead of after
-    them: on a two-core machine the engine tests alone leave much of the second
-    core idle (Python, small tensors, waits on servers). This process, and every
-    process a test starts, then use one thread, as each stream does: OpenMP
-    threads that spin waiting for a thread the OS has parked on a busy core
-    made one benchmark test 14 times slower than alone."""
-    from test_notebooks import _builds_book, _selected, start_streams  # tests/ is on sys.path
-
-    selected = _selected(session)
-    if selected:
-        import torch
-
-        _ALONE.append((os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()))
-        os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the subprocesses tests start (servers, benchmarks)
-        torch.set_num_threads(1)
-        start_streams(selected, with_book=_builds_book(session))
-
-
-_ALONE: list[tuple[str | None, int]] = []  # the thread settings to restore once the streams are done
-
-
 def pytest_runtest_setup(item):
-    """Once the streams and the book's build have finished, the tests still to run
-    have the machine to themselves: give them its threads back, so the run does not
-    end on one busy core beside an idle one."""
-    if not _ALONE:
+    """While the notebooks' streams and the book's build run beside the tests
+    (tests/book/conftest.py starts them), every test runs on one thread. Once
+    they have finished, the tests still to run have the machine to themselves:
+    give them its threads back, so the run does not end on one busy core beside
+    an idle one. (Here, not in tests/book/conftest.py: this hook runs for the
+    tests of every folder.)"""
+    notebooks, book = sys.modules.get("test_notebooks"), sys.modules.get("test_book")
+    restore = getattr(notebooks, "RESTORE_THREADS", None)
+    if not restore or not notebooks.streams_finished() or (book is not None and not book.build_finished()):
         return
-    from test_book import build_finished
-    from test_notebooks import streams_finished
+    import torch
 
-    if streams_finished() and build_finished():
-        import torch
-
-        env, threads = _ALONE.pop()
-        if env is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env
-        torch.set_num_threads(threads)
-
-
-_STARTED = time.monotonic()  # when pytest read this file: the clock of the summary below
-
-
-def pytest_terminal_summary(terminalreporter):
-    """When each of the run's parallel parts finished, from the start of the run:
-    the part that ends last, alone on its core, is where a faster run starts."""
-    # Read from the modules only if this run imported them: test_book imports
-    # nbformat, which a machine that runs only the engine's tests (the GPU
-    # machine's image) may lack, and a summary hook that raises turns any run red.
-    build = getattr(sys.modules.get("test_book"), "_BUILD", {})
-    finished = getattr(sys.modules.get("test_notebooks"), "FINISHED", {})
-    ends = dict(finished, **({"book build": build["finished"]} if "finished" in build else {}))
-    if ends:
-        ends["this process's tests"] = time.monotonic()
-        parts = ", ".join(f"{name} {end - _STARTED:.0f} s" for name, end in sorted(ends.items(), key=lambda e: e[1]))
-        terminalreporter.write_line(f"finished after: {parts}")
-
-
-def pytest_collection_modifyitems(items):
-    """Run the slowest things last: engine tests, then notebooks, then the book build
-    (the notebooks and the build themselves start at once: pytest_collection_finish)."""
-    def rank(item):
-        return 2 if item.get_closest_marker("book") else 1 if item.get_closest_marker("notebooks") else 0
-
-    items.sort(key=rank)  # stable sort keeps pytest's order within each group
+    env, threads = restore.pop()
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+    torch.set_num_threads(threads)

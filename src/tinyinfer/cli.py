@@ -80,20 +80,32 @@ def cmd_fetch(args) -> None:
 
 
 # command -> (module, help). Imported lazily, so `tinyinfer generate` never pays
-# for the server's imports.
+# for the server's imports. These are the engine's own; other packages add
+# commands through the entry-point group "tinyinfer.commands", each pointing at
+# a (module, help) pair: the course adds `tinyinfer memory` and `tinyinfer fleet`
+# (pyproject.toml), so the engine names no module of the course.
 PLUGINS = {
-    "memory": ("tinyinfer.memory", "weights + KV-cache memory calculator"),
     "serve": ("tinyinfer.server", "an OpenAI-compatible HTTP server"),
     "bench": ("tinyinfer.bench", "load-test an OpenAI-compatible endpoint"),
-    "fleet": ("tinyinfer.fleet.live", "N `tinyinfer serve` replicas behind vLLM's router (vllm-router)"),
 }
+COMMAND_GROUP = "tinyinfer.commands"
+
+
+def plugins() -> dict[str, tuple[str, str]]:
+    """PLUGINS and the commands installed packages contribute."""
+    from importlib.metadata import entry_points
+
+    found = dict(PLUGINS)
+    for entry in entry_points(group=COMMAND_GROUP):
+        found.setdefault(entry.name, tuple(entry.load()))
+    return found
 
 
 def _add_plugins(sub, argv) -> None:
     import importlib
 
     wanted = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), None)
-    for name, (module, help_) in PLUGINS.items():
+    for name, (module, help_) in plugins().items():
         p = sub.add_parser(name, help=help_)
         if name != wanted:  # only the chosen command's module is imported
             continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    """Where packaged models and measured choices are kept: $TINYINFER_HOME, else ~/.cache/tinyinfer."""
+    return Path(os.environ.get("TINYINFER_HOME") or Path.home() / ".cache" / "tinyinfer")
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,9 @@ class EngineConfig:
     enforce_eager: bool = _opt(True, "--no-enforce-eager compiles decode steps with torch.compile (on a CUDA "
                                      "GPU: records them as CUDA graphs): faster steps, after a minute or two of "
                                      "compiling when the engine starts (seconds of recording on a GPU)")
+    one_row_kernel: str = _opt("auto", "on a CPU, the kernel of one-row products (a batch-1 decode step): auto "
+                                       "(the faster here, measured once per CPU), packed (oneDNN's layout) or plain "
+                                       "(F.linear); TINYINFER_ONE_ROW_KERNEL overrides auto")
     compiled_cuda_graphs: bool = _opt(False, "with --no-enforce-eager on a CUDA GPU: torch.compile the decode "
                                              "step, then record the compiled step as CUDA graphs (gpt-fast's "
                                              "recipe): fewer, fused kernels per step, after a minute or two of "
@@ -218,6 +226,7 @@ class EngineConfig:
             check_quantization(self.quantization or "int4", self.group_size)
         check_choice("lm_head_quantization", self.lm_head_quantization, LM_HEAD_QUANTIZATIONS)
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        check_choice("one_row_kernel", self.one_row_kernel, ("auto", "packed", "plain"))
         if self.kv_cache_dtype != "auto" and self.scheduling == "static":  # its contiguous cache has one format
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid with scheduling='static': the "
                              "quantized cache is the paged pool's; use scheduling='continuous'")
@@ -245,6 +254,25 @@ class EngineConfig:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def engine_config(model: str | None, config: EngineConfig | None, engine_args: dict) -> EngineConfig:
+    """The one EngineConfig from LLMEngine's arguments: a config, or keyword
+    settings (and the model's name) to build one from; never both."""
+    if config is not None and engine_args:
+        raise ValueError(f"config: pass the settings either in config or as keyword arguments, not both "
+                         f"(got config and {', '.join(sorted(engine_args))})")
+    if config is not None and model is not None and model != config.model:
+        raise ValueError(f"model={model!r} disagrees with config.model={config.model!r}; give it once")
+    return config or EngineConfig(**engine_args, **({} if model is None else {"model": model}))
+
+
+def context_window(cfg: EngineConfig, model_config: ModelConfig) -> int:
+    """max_model_len, or the model's own window when unset; never past the model's."""
+    window = model_config.max_position_embeddings
+    if cfg.max_model_len is not None and cfg.max_model_len > window:
+        raise ValueError(f"max_model_len={cfg.max_model_len!r} is invalid: must be in [1, {window}]")
+    return cfg.max_model_len or window
 
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -288,66 +316,3 @@ def half_dtype(device: torch.device) -> str:
     if device.type == "cuda" and resolve_dtype("auto", device) is torch.float16:
         return "float16"
     return "bfloat16"
-
-
-# The KV pool on a CPU when no size is given: plenty for the course's workloads,
-# small enough for a laptop.
-CPU_KV_CACHE_BYTES = 512 * 2**20
-# A GPU's default pool holds at most this many full windows per sequence slot:
-# one for the sequences running, one for the prefixes the cache keeps after them.
-PREFIX_CACHE_MARGIN = 2
-
-
-def kv_pool_blocks(cfg: EngineConfig, device: torch.device, kv_bytes_per_token: int,
-                   gpu_memory: Callable[[torch.device], tuple[int, int, int]] | None = None,
-                   max_model_len: int | None = None, working_bytes: int = 0) -> int:
-    """How many KV blocks the pool holds: num_kv_blocks if set, else
-    kv_cache_memory_bytes in blocks. Without either, a CPU gets 512 MiB, and a
-    GPU, once the model is loaded, the smaller of two sizes:
-      - what gpu_memory_utilization leaves (vLLM's rule, the ceiling): total x
-        utilization - what this process already holds (the weights, any other
-        engine alive in it) - working_bytes, the working memory a step needs
-        beside the pool (activations, logits, workspaces, CUDA graphs; measured
-        by a warm-up step, model_runner.working_memory). The other
-        1 - utilization is for the CUDA context and other processes;
-      - what the engine can ever fill: max_num_seqs sequences of max_model_len
-        tokens, PREFIX_CACHE_MARGIN times over. Without this cap the first
-        engine of a process takes 90% of the GPU, and a second one (a lab
-        comparing two) finds no room. max_model_len=None: no cap.
-    `gpu_memory(device)` returns (free, total, used) in bytes, as cuda_memory
-    does; a test passes its own."""
-    block_bytes = kv_bytes_per_token * cfg.block_size
-    if cfg.num_kv_blocks is not None:
-        return cfg.num_kv_blocks
-    if cfg.kv_cache_memory_bytes is not None or device.type != "cuda":
-        return max(1, (cfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) // block_bytes)
-    free, total, used = (gpu_memory or cuda_memory)(device)
-    budget, util, gib = int(total * cfg.gpu_memory_utilization), cfg.gpu_memory_utilization, 2**30
-    blocks = (budget - used - working_bytes) // block_bytes
-    if blocks <= 0:
-        working = f" and a step needs {working_bytes / gib:.2f} GiB of working memory" if working_bytes else ""
-        raise ValueError(f"gpu_memory_utilization={util} leaves no room for the KV pool: it allows "
-                         f"{budget / gib:.2f} GiB of the GPU's {total / gib:.2f} GiB, and this process already holds "
-                         f"{used / gib:.2f} GiB (the weights, and any other engine still alive in it){working}; "
-                         f"raise gpu_memory_utilization, drop the other engine, or set kv_cache_memory_bytes")
-    if max_model_len is not None:
-        blocks = min(blocks, -(-cfg.max_num_seqs * max_model_len * PREFIX_CACHE_MARGIN // cfg.block_size))
-    wanted = used + working_bytes + blocks * block_bytes
-    if wanted > free + used:  # the pool would not fit: vLLM refuses too, rather than fail at the first step
-        raise ValueError(f"gpu_memory_utilization={util} asks for {wanted / gib:.2f} GiB of the GPU's "
-                         f"{total / gib:.2f} GiB, but this process can have at most {(free + used) / gib:.2f} GiB "
-                         f"(other processes and the CUDA context hold the rest); lower gpu_memory_utilization "
-                         f"or set kv_cache_memory_bytes")
-    return blocks
-
-
-def cuda_memory(device: torch.device) -> tuple[int, int, int]:
-    """(free, total, used) in bytes on a CUDA device. used: this process's live
-    tensors (the weights). free: what it can still get, the driver's free memory
-    and what torch's allocator keeps cached for reuse, such as the pool of an
-    engine dropped earlier in this process."""
-    import torch
-
-    free, total = torch.cuda.mem_get_info(device)
-    used, cached = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-    return free + cached - used, total, used

@@ -47,7 +47,7 @@ rule, so there is one rule for every kernel layout in the engine:
   5. Every pass over a model (pack_for_cpu, repack, quant.quantize_model,
      quant.set_use_kernel) bumps the model's `tinyinfer_generation`
      (bump_generation). A compiled decode step guards on that number
-     (model_runner.decode_forward), so a transformed model is traced again,
+     (decode_batch.decode_forward), so a transformed model is traced again,
      even where the guards of its later layers are not checked.
 
 Memory: a layout is a second copy of its weights (a PackedLinear keeps the
@@ -317,4 +317,9 @@ def repack(model: nn.Module, only_stale: bool = False) -> nn.Module:
 def bump_generation(model: nn.Module) -> None:
     """Rule 5: say that a pass changed `model`'s modules or layouts. A compiled
     decode step that traced the old model sees a new number and is traced again."""
-    model.tinyinfer_generation = getattr(model, "tinyinfer_generation", 0) + 1
+    model.tinyinfer_generation = generation(model) + 1
+
+
+def generation(model: nn.Module) -> int:
+    """Rule 5's number: how many passes have changed the model's modules or layouts."""
+    return getattr(model, "tinyinfer_generation", 0)

@@ -3,9 +3,9 @@ replayed with one launch.
 
 On a GPU a small model's decode step is launch-bound: an eager step of the
 135M model launches about 580 kernels (19 per layer, 30 layers, and some 13
-outside them: tests/test_kernel_count.py counts them), and the CPU spends
-longer launching them than the GPU spends running them (the README's "On a
-GPU" section measured a compiled step at 6-7 ms whatever the model's size). A
+outside them: tests/engine/test_kernel_count.py counts them), and the CPU spends
+longer launching them than the GPU spends running them (docs/benchmarks.md, "On a
+GPU", measured a compiled step at 6-7 ms whatever the model's size). A
 CUDA graph records every kernel of a step once, with the addresses it read and
 wrote; replaying it launches them all at once, with no Python in between. vLLM
 and nano-vllm do this for decode steps; this file follows nano-vllm's recipe:
@@ -17,7 +17,7 @@ and nano-vllm do this for decode steps; this file follows nano-vllm's recipe:
     no sequence owns;
   - the graph ends at the last hidden state: the logits and the sampling run
     outside it, on the real rows only.
-What is recorded is the eager step (model_runner.decode_forward): recording
+What is recorded is the eager step (decode_batch.decode_forward): recording
 needs no compiler and takes seconds. With compiled_cuda_graphs=True it is the
 step compiled by torch.compile first (gpt-fast's recipe): inductor fuses the
 small operations of each layer into a few generated kernels, and the graph
@@ -51,7 +51,7 @@ from collections.abc import Callable
 
 import torch
 
-from .prepare import generation
+from .cpu_linear import generation
 
 # The shortest key length recorded; each next one is twice as long.
 MIN_KEY_LENGTH = 64
@@ -105,7 +105,7 @@ class CudaGraphBackend:
 class EagerStandIn:
     """A CPU's stand-in for CUDA graphs: the step runs once when "recorded",
     and again at every "replay", on the same static buffers. Its tokens must be
-    the eager engine's (tests/test_cuda_graphs.py); a real graph replays the
+    the eager engine's (tests/engine/test_cuda_graphs.py); a real graph replays the
     same kernels on the same addresses."""
 
     name = "eager stand-in for CUDA graphs"
@@ -158,7 +158,7 @@ class CUDAGraphRunner:
         self.backend, self.buffers = backend, buffers
         self.sizes, self.lengths = sizes, lengths
         self.device = device
-        self.forward = forward  # the step to record: model_runner.decode_forward, or it compiled
+        self.forward = forward  # the step to record: decode_batch.decode_forward, or it compiled
         # The graphs' output: the last hidden state of every row, at one address.
         self.outputs = torch.zeros(sizes[-1], hidden_size, dtype=dtype, device=device)
         self.graphs: dict[tuple[int, int], Callable[[], None]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .cpu_linear import generation
 from .paged_kv_cache import DecodeMetadata, slot_ids
 
 # Past 8, sizes go up by 8, as vLLM's do: a batch of 17 pads to 24, not to 32,
@@ -95,7 +96,8 @@ class DecodeBuffers:
         width = -(-num_keys // self.block_size)  # the blocks that hold S positions
         pad = size - len(token_ids)
         positions = [c - 1 for c in context_lens] + [0] * pad
-        tables = [(table + [self.pad_block] * width)[:width] for table in block_tables] + [[self.pad_block] * width] * pad
+        tables = [(table + [self.pad_block] * width)[:width] for table in block_tables]
+        tables += [[self.pad_block] * width] * pad
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy must have read the staging before it changes
         ids, pos, lens, host_tables = self._host
@@ -125,3 +127,14 @@ class DecodeBuffers:
             visible = key_positions[None, :] < self.context_lens[:size, None]
             mask = torch.where(visible, self._zero, self._minus_inf).view(size, 1, 1, num_keys)
         return self.input_ids[:size][None], DecodeMetadata(positions[None], slot_mapping, key_slots, mask)
+
+
+def decode_forward(model, input_ids, positions, cache, meta):
+    """What torch.compile traces for a decode step: the model's forward, plus
+    one check on the model's generation. Dynamo guards on every value a traced
+    function reads, so this read keeps a guard on the root of the model, where
+    decode_step_guards keeps everything: a pass that changes the model, even in
+    a layer whose guards are dropped, bumps the number and forces a new trace
+    (cpu_linear's rule 5)."""
+    torch._check(generation(model) >= 0)
+    return model(input_ids, positions, cache, meta)[0]

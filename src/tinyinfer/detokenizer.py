@@ -23,6 +23,7 @@ class IncrementalDetokenizer:
         self.decode = decode  # ids -> text (special tokens such as EOS decode to "")
         self.token_ids = token_ids  # the sequence's own list (read, never copied whole)
         self.prefix_offset = self.read_offset = start  # the reply starts here
+        self.text = ""  # the reply's text so far: what add() and flush() returned (the sequence may cut it)
         self.num_decoded_tokens = 0  # work done: tokens passed to decode (tests count it)
 
     def _text(self, stop: int) -> str:

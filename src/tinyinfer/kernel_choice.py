@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .config import cache_dir
 from .cpu_linear import linear_packed
 
 ROUTES = ("packed", "plain")
@@ -48,7 +49,8 @@ def cpu_key(dtype: torch.dtype) -> str:
         flags = " ".join(sorted(w for w in flag_line.split() if w.startswith(("avx", "amx"))))
     except OSError:  # not Linux: the name alone
         pass
-    emulated = " ".join(f"{v}={os.environ[v]}" for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if v in os.environ)
+    emulated = " ".join(f"{v}={os.environ[v]}" for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+                        if v in os.environ)
     return f"{name} | {flags} | {emulated} | torch {torch.__version__} | {dtype}"
 
 
@@ -77,7 +79,7 @@ def one_row_kernel(weights: list[torch.Tensor], packed: list[torch.Tensor], stor
     """"packed" or "plain": the faster route for one row through these weights
     on this CPU, from the store if this CPU was measured before, else measured
     now and stored. store: the JSON file (default: one_row_kernels.json in
-    weights.cache_dir())."""
+    config.cache_dir())."""
     forced = os.environ.get(ENV)
     if forced:
         if forced not in ROUTES:
@@ -86,8 +88,6 @@ def one_row_kernel(weights: list[torch.Tensor], packed: list[torch.Tensor], stor
     if not weights:
         return "packed"
     if store is None:
-        from .weights import cache_dir  # only here: weights.py loads models, which this file never does
-
         store = cache_dir() / "one_row_kernels.json"
     key = cpu_key(weights[0].dtype)
     try:

@@ -11,10 +11,8 @@ decides what runs, the model runner runs it, the sampler draws a token for
 every sequence that needs one, and the scheduler appends those tokens, applies
 the stopping rules and frees what finished. LLM.generate, LLM.stream and the
 HTTP server are all loops around step(); run_until_done(engine) is the
-plainest one. Every setting lives in EngineConfig (config.py);
-scheduling="static" swaps in static_batching.py's scheduler and runner, behind
-the same four calls (SchedulerLike and RunnerLike below say what they share).
-
+plainest one. Every setting lives in EngineConfig (config.py); the scheduler
+and runner, continuous or static (chapter 7's baseline), come from step_parts.py.
 The engine keeps one Request (request.py) per unfinished id; the scheduler
 runs its samples, one Sequence each.
 """
@@ -23,57 +21,27 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
-from .block_manager import BlockManager
-from .checks import check_context_window, check_prompt_ids
-from .config import (EngineConfig, ModelConfig, kv_cache_bytes_per_value, kv_pool_blocks, resolve_device,
+from .checks import check_context_window
+from .config import (EngineConfig, context_window, engine_config, kv_cache_bytes_per_value, resolve_device,
                      resolve_dtype)
-from .model_runner import ModelOutput, ModelRunner, working_memory
 from .outputs import RequestOutput
 from .paged_kv_cache import keep_cudnn_attention_out
-from .prepare import prepare_model
+from .prepare import one_row_route, prepare_model
 from .request import Request
 from .sampler import Sampler
-from .sampling import SamplerOutput, SamplingParams
-from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats
+from .sampling import SamplingParams
+from .scheduler import SchedulerOutput, SchedulerStats
+from .step_parts import make_scheduler_and_runner
 from .structured_output import StructuredOutputManager
 from .tokenizer import Tokenizer
 from .weights import load_model, read_config, resolve_model
 
 if TYPE_CHECKING:
-    from .model import LlamaForCausalLM
     from .sequence import Sequence
-
-
-class SchedulerLike(Protocol):
-    """What the engine, and whoever reads engine.scheduler, may use of a scheduler:
-    scheduler.Scheduler (continuous batching) or static_batching.StaticScheduler
-    (chapter 7's baseline)."""
-
-    running: list[Sequence]  # the sequences in the batch that have not finished, oldest first
-
-    @property
-    def block_manager(self) -> BlockManager | None: ...  # the KV blocks; None without a paged pool (static)
-
-    def check_request(self, request: Request, where: str) -> None: ...  # refuse what could never run
-    def add(self, request: Request) -> None: ...
-    def schedule(self) -> SchedulerOutput: ...
-    def update_from_output(self, out: SchedulerOutput, sampled: SamplerOutput) -> list[Sequence]: ...
-    def finish(self, seq: Sequence) -> None: ...  # aborted: leave at once
-    def record_stats(self, st: SchedulerStats, out: SchedulerOutput | None = None) -> None: ...
-
-
-class RunnerLike(Protocol):
-    """What the engine asks of a model runner: model_runner.ModelRunner (a paged
-    cache) or static_batching.StaticModelRunner (a contiguous one)."""
-
-    model: LlamaForCausalLM  # settable: chapter 6 swaps the model on a live engine
-    eager_decode_reason: str | None  # why the last decode-only step did not run compiled
-
-    def execute_model(self, out: SchedulerOutput) -> ModelOutput: ...
 
 
 class LLMEngine:
@@ -93,7 +61,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer(folder)
         self.eos_token_ids = self.tokenizer.eos_token_ids(self.model_config)
         model_ = prepare_model(load_model(folder, self.dtype, self.device), self.device, cfg.quantization,
-                               cfg.group_size, cfg.lm_head_quantization)  # quantize, then kernel layouts: once
+                               cfg.group_size, cfg.lm_head_quantization, cfg.one_row_kernel)  # once
         # What the pool spends per token, int8's scales included: it sizes the pool (kv_pool_blocks).
         self.kv_bytes_per_token = round(self.model_config.kv_bytes_per_token(kv_cache_bytes_per_value(
             cfg.kv_cache_dtype, self.dtype.itemsize, self.model_config.head_dim)))
@@ -106,7 +74,7 @@ class LLMEngine:
         self.sampler = Sampler(self.tokenizer.decode, self.structured_output)
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
         self._ids = itertools.count()
-        self.stats = SchedulerStats(block_size=cfg.block_size,
+        self.stats = SchedulerStats(block_size=cfg.block_size, one_row_kernel=one_row_route(model_),
                                     kv_bytes_per_block=self.kv_bytes_per_token * cfg.block_size)
         self.scheduler.record_stats(self.stats)  # the pool's size, all of it free
 
@@ -165,7 +133,7 @@ class LLMEngine:
         if not isinstance(p, SamplingParams):
             raise ValueError(f"sampling_params: expected SamplingParams, got {type(p).__name__}")
         p.validate()  # fields may have been changed after construction
-        text, ids = self._tokenize(prompt, where)
+        text, ids = self.tokenizer.encode_prompt(prompt, self.model_config.vocab_size, where)
         check_context_window(len(ids), p.max_tokens, self.max_model_len, where)
         if p.structured_outputs is not None:
             self.structured_output.check(p.structured_outputs)  # a bad schema or regex: ValueError now
@@ -176,17 +144,6 @@ class LLMEngine:
                           time.perf_counter() if arrival_time is None else arrival_time)
         self.scheduler.check_request(request, where)
         return request
-
-    def _tokenize(self, prompt: str | dict, where: str) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            where += ".prompt_token_ids"
-        else:
-            raise ValueError(f"{where}: expected a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
-        check_prompt_ids(ids, self.model_config.vocab_size, where)
-        return text, ids
 
     # --- the step -----------------------------------------------------------------
 
@@ -226,49 +183,6 @@ class LLMEngine:
     def _release(self, request: Request) -> None:
         """A request leaves the engine: nothing more is kept about it."""
         del self.requests[request.request_id]
-
-
-def engine_config(model: str | None, config: EngineConfig | None, engine_args: dict) -> EngineConfig:
-    """The one EngineConfig from LLMEngine's arguments: a config, or keyword
-    settings (and the model's name) to build one from; never both."""
-    if config is not None and engine_args:
-        raise ValueError(f"config: pass the settings either in config or as keyword arguments, not both "
-                         f"(got config and {', '.join(sorted(engine_args))})")
-    if config is not None and model is not None and model != config.model:
-        raise ValueError(f"model={model!r} disagrees with config.model={config.model!r}; give it once")
-    return config or EngineConfig(**engine_args, **({} if model is None else {"model": model}))
-
-
-def context_window(cfg: EngineConfig, model_config: ModelConfig) -> int:
-    """max_model_len, or the model's own window when unset; never past the model's."""
-    window = model_config.max_position_embeddings
-    if cfg.max_model_len is not None and cfg.max_model_len > window:
-        raise ValueError(f"max_model_len={cfg.max_model_len!r} is invalid: must be in [1, {window}]")
-    return cfg.max_model_len or window
-
-
-def make_scheduler_and_runner(cfg: EngineConfig, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype,
-                              kv_bytes_per_token: int, max_model_len: int,
-                              pad_token_id: int = 0) -> tuple[SchedulerLike, RunnerLike]:
-    """The step's scheduler and runner for cfg.scheduling. Continuous batching
-    gets a paged KV pool (kv_pool_blocks says how many blocks) and a
-    BlockManager for it; static batching, chapter 7's baseline, allocates a
-    contiguous cache for each batch instead, and has neither."""
-    sched_config = SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_chunked_prefill,
-                                   cfg.preemption_mode)
-    if cfg.scheduling == "static":
-        from .static_batching import StaticModelRunner, StaticScheduler
-
-        return (StaticScheduler(sched_config, kv_bytes_per_token),
-                StaticModelRunner(model, device, dtype, pad_token_id))
-    # After loading, on a GPU: room for what the engine can use, within what the model and a step leave.
-    working = working_memory(model, cfg, max_model_len, dtype, device)  # 0 but on a GPU sized from free memory
-    num_blocks = kv_pool_blocks(cfg, device, kv_bytes_per_token, max_model_len=max_model_len, working_bytes=working)
-    block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-    runner = ModelRunner(model, device, dtype, num_blocks, cfg.block_size, cfg.enforce_eager, cfg.max_num_seqs,
-                         cfg.kv_cache_dtype, compiled_cuda_graphs=cfg.compiled_cuda_graphs)
-    runner.compile_or_warm_up_model()  # enforce_eager=False: compile now, not mid-request
-    return Scheduler(sched_config, block_manager, kv_bytes_per_token), runner
 
 
 def run_until_done(engine: LLMEngine, on_step: Callable[[], object] | None = None) -> dict[str, RequestOutput]:

@@ -15,7 +15,7 @@ the tail (p95, p99): users remember the slow replies, and averages hide them.
     outs = llm.generate(prompts, params)
     print(summarize(outs))
 
-A client outside the engine (tinyinfer bench, tinyinfer.replay) times each
+A client outside the engine (tinyinfer bench, tinyinfer_course.analysis.replay) times each
 request itself, in a RequestRecord; LatencyStats pools either kind.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ class RequestRecord:
     """One request as a client saw it: what was asked, when things happened
     (seconds since the run started) and what came back.
 
-    `tinyinfer bench` fills one per HTTP request; tinyinfer.replay fills one per
+    `tinyinfer bench` fills one per HTTP request; tinyinfer_course.analysis.replay fills one per
     request it adds to an engine, with one chunk per token. The definitions are
     those of vLLM's `bench serve`, counted from the send (which is later than
     the arrival when a concurrency cap held the request back), as computed by

@@ -239,13 +239,3 @@ def general_metadata(positions: torch.Tensor, cache: KVCacheLike) -> StepMetadat
     from .kv_cache import AttentionMetadata
 
     return AttentionMetadata.general(positions, cache)
-
-
-def __getattr__(name: str):
-    """AttentionMetadata and causal_mask moved to kv_cache.py; older code (and
-    chapters 4 and 5) import them from here, which still works."""
-    if name in ("AttentionMetadata", "causal_mask"):
-        from . import kv_cache
-
-        return getattr(kv_cache, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

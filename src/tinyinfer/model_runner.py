@@ -21,15 +21,14 @@ from __future__ import annotations
 import re
 import sys
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from . import cuda_graphs
-from .decode_batch import DecodeBuffers, capture_sizes, padded_size
+from .decode_batch import DecodeBuffers, capture_sizes, decode_forward, padded_size
+from .outputs import ModelOutput, PromptLogits
 from .paged_kv_cache import PagedAttentionMetadata, PagedKVCache
-from .prepare import PreparedModel, generation
+from .prepare import PreparedModel
 
 
 # A guard's source inside a decoder layer other than the first: the model's
@@ -55,33 +54,6 @@ def decode_step_guards(guards) -> list[bool]:
     return [not _LATER_LAYER.search(guard.name) for guard in guards]
 
 
-def decode_forward(model, input_ids, positions, cache, meta):
-    """What torch.compile traces for a decode step: the model's forward, plus
-    one check on the model's generation. Dynamo guards on every value a traced
-    function reads, so this read keeps a guard on the root of the model, where
-    decode_step_guards keeps everything: a pass that changes the model, even in
-    a layer whose guards are dropped, bumps the number and forces a new trace
-    (cpu_linear's rule 5)."""
-    torch._check(generation(model) >= 0)
-    return model(input_ids, positions, cache, meta)[0]
-
-
-@dataclass
-class PromptLogits:
-    """The model's output at the prompt positions a step computed for one
-    sequence that wants prompt logprobs: logits[j] scores prompt token start+j+1."""
-
-    seq: object  # the Sequence
-    start: int
-    logits: torch.Tensor  # [n, V]
-
-
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor  # [M, V]: row i for scheduler_output.sampling[i]
-    prompt_logits: list[PromptLogits] = field(default_factory=list)
-
-
 def _check_same_cache_shape(old, new) -> None:
     """A swapped-in model must fit the KV cache the runner already holds."""
     names = ("num_hidden_layers", "num_key_value_heads", "head_dim")
@@ -98,7 +70,6 @@ class ModelRunner:
                  graph_backend=None, compiled_cuda_graphs: bool = False):
         self.device = device
         self.dtype = dtype
-        self.enforce_eager = enforce_eager
         self.prepared = PreparedModel(model)  # the model and its kernel modules, listed once
         self._compiled_model = None  # made by compile_or_warm_up_model when enforce_eager is False
         # One block more than the BlockManager hands out: padded rows of a
@@ -118,6 +89,14 @@ class ModelRunner:
             # A step's context cannot outgrow the window, nor the pool's blocks.
             cuda_graphs.key_lengths(min(max_blocks, num_blocks) * block_size, block_size),
             model.config.hidden_size, dtype, torch.device(device), forward)
+        # How decode-only steps run: "eager", "compiled" (torch.compile, a CPU) or
+        # "graphs" (replayed CUDA graphs). A failed compile or recording falls back
+        # to "eager" for good (_fall_back), and says why.
+        self.decode_mode = "eager" if enforce_eager else "compiled" if self.cuda_graphs is None else "graphs"
+
+    @property
+    def enforce_eager(self) -> bool:
+        return self.decode_mode == "eager"
 
     @property
     def model(self):
@@ -177,11 +156,11 @@ class ModelRunner:
         eager step. A decode-only step that cannot run compiled says why in
         eager_decode_reason (SchedulerStats reports it), so that a slow step is never a mystery."""
         decode_only = bool(out.scheduled) and all(entry.num_new_tokens == 1 for entry in out.scheduled)
-        if self.enforce_eager or not decode_only:
+        if self.decode_mode == "eager" or not decode_only:
             self.eager_decode_reason = None  # eager by choice, or a prompt step: nothing to explain
             return None
         size = padded_size(len(out.scheduled), self.capture_sizes)
-        kind = "compiled" if self.cuda_graphs is None else "recorded (CUDA graph)"
+        kind = {"compiled": "compiled", "graphs": "recorded (CUDA graph)"}[self.decode_mode]
         self.eager_decode_reason = None if size is not None else (
             f"a batch of {len(out.scheduled)} sequences is larger than the largest {kind} size, "
             f"{self.capture_sizes[-1]}")
@@ -193,12 +172,12 @@ class ModelRunner:
         token_ids = [entry.seq.token_ids[entry.start] for entry in out.scheduled]
         context_lens = [entry.start + 1 for entry in out.scheduled]
         tables = [entry.block_table for entry in out.scheduled]
-        if self.cuda_graphs is not None:
-            if not self.cuda_graphs.is_current(self.model):  # a pass changed the model since: record it again
-                self._capture()
-            if self.cuda_graphs is not None:
-                return self.cuda_graphs.run(token_ids, context_lens, tables, size)
-            return self._run_eager(out)  # the recording failed and _capture said so
+        if self.decode_mode == "graphs" and not self.cuda_graphs.is_current(self.model):
+            self._capture()  # the model changed since they were recorded: record them again
+        if self.decode_mode == "graphs":
+            return self.cuda_graphs.run(token_ids, context_lens, tables, size)
+        if self.decode_mode == "eager":
+            return self._run_eager(out)  # the recording failed just now, and _capture said so
         input_ids, meta = self.decode_buffers.fill(token_ids, context_lens, tables, size)
         return self._run_compiled(input_ids, meta)
 
@@ -231,23 +210,22 @@ class ModelRunner:
         try:
             self.cuda_graphs.capture_model(self.model, self.paged_cache)
         except RuntimeError as e:
-            first_line = (str(e).splitlines() or [""])[0]
-            warnings.warn(f"enforce_eager=False: recording CUDA graphs failed ({type(e).__name__}: {first_line}); "
-                          "running eagerly instead", RuntimeWarning, stacklevel=2)
-            self.enforce_eager, self.cuda_graphs = True, None
-            self.eager_decode_reason = f"recording CUDA graphs failed ({type(e).__name__})"
+            self._fall_back("recording CUDA graphs", e)
 
     def _run_compiled(self, input_ids, meta):
         try:
             return self.compiled_model()(self.model, input_ids, meta.positions, self.paged_cache, meta)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # e.g. no C++ compiler: say so, carry on eagerly
-            cause = getattr(e, "inner_exception", None) or e
-            first_line = (str(cause).splitlines() or [""])[0]
-            warnings.warn(f"enforce_eager=False: torch.compile failed ({type(cause).__name__}: {first_line}); "
-                          "running eagerly instead", RuntimeWarning, stacklevel=2)
-            self.enforce_eager = True
-            self.eager_decode_reason = f"torch.compile failed ({type(cause).__name__})"
+            self._fall_back("torch.compile", getattr(e, "inner_exception", None) or e)
             return self.model(input_ids, meta.positions, self.paged_cache, meta)[0]
+
+    def _fall_back(self, what: str, error: Exception) -> None:
+        """`what` failed: warn, and run every decode step eagerly from now on."""
+        first_line = (str(error).splitlines() or [""])[0]
+        warnings.warn(f"enforce_eager=False: {what} failed ({type(error).__name__}: {first_line}); "
+                      "running eagerly instead", RuntimeWarning, stacklevel=3)
+        self.decode_mode, self.cuda_graphs = "eager", None
+        self.eager_decode_reason = f"{what} failed ({type(error).__name__})"
 
     def compiled_model(self):
         """decode_forward, compiled for decode steps (every sequence adds one
@@ -279,9 +257,9 @@ class ModelRunner:
         method of this name). Every dummy row is a padded row (decode_batch.py):
         it reads and writes only the runner's reserved block, so warming up
         touches no sequence's keys, and may run again after a model swap."""
-        if self.enforce_eager:
+        if self.decode_mode == "eager":
             return
-        if self.cuda_graphs is not None:  # recorded, not compiled: seconds, and no compiler needed
+        if self.decode_mode == "graphs":  # recorded, not compiled: seconds, and no compiler needed
             self._capture()
             return
         print(f"tinyinfer: enforce_eager=False, so decode steps run a torch.compile'd model; compiling them now "
@@ -294,61 +272,5 @@ class ModelRunner:
         for size in self.capture_sizes:
             input_ids, meta = self.decode_buffers.fill([0] * size, [context] * size, [table] * size, size)
             self._run_compiled(input_ids, meta)
-            if self.enforce_eager:  # the compile failed and _run_compiled said so: eager from now on
+            if self.decode_mode == "eager":  # the compile failed and _run_compiled said so
                 break
-
-
-# --- how much memory a step needs beside the KV pool (on a GPU) -----------------------
-
-
-def working_memory(model, cfg, max_model_len: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Bytes a step needs on a GPU beside the weights and the pool, which
-    kv_pool_blocks keeps free: the peak of the largest step the engine can be
-    given, measured by running it once (nano-vllm's order: warm up, then size
-    the pool), plus room for the CUDA graphs' own memory when they are
-    recorded. 0 where nothing is measured: on a CPU, or when the pool's size is
-    given (kv_cache_memory_bytes, num_kv_blocks)."""
-    if device.type != "cuda" or cfg.num_kv_blocks is not None or cfg.kv_cache_memory_bytes is not None:
-        return 0
-    num_tokens = min(cfg.max_num_batched_tokens, max_model_len)
-    step = largest_step(model, num_tokens, max_model_len, cfg.block_size, dtype, device)
-    graphs = 0 if cfg.enforce_eager else graph_memory(model.config, capture_sizes(cfg.max_num_seqs)[-1],
-                                                      max_model_len, dtype)
-    return peak_memory(step, device) + graphs
-
-
-def largest_step(model, num_tokens: int, context: int, block_size: int, dtype, device) -> Callable[[], None]:
-    """The step that needs the most working memory: a prompt chunk of
-    num_tokens at the end of a full context window (its attention reads the
-    whole window), with the logits of every position (a request for prompt
-    logprobs asks for them all). Run on a pool just big enough for it; the
-    pool is made here, before peak_memory starts counting."""
-    num_blocks = -(-context // block_size)
-    cache = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
-    meta = PagedAttentionMetadata.build([num_tokens], [context], [list(range(num_blocks))], block_size, device)
-    input_ids = torch.zeros(1, num_tokens, dtype=torch.long, device=device)
-
-    @torch.inference_mode()
-    def step():
-        hidden = model(input_ids, meta.positions, cache, meta)[0]
-        model.compute_logits(hidden)
-
-    return step
-
-
-def peak_memory(step: Callable[[], None], device: torch.device) -> int:
-    """Bytes step() allocates on the GPU at its peak, beyond what was allocated before it."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
-
-
-def graph_memory(config, max_size: int, max_len: int, dtype: torch.dtype) -> int:
-    """Room for the CUDA graphs' pool: the largest recorded step gathers one
-    layer's keys and values for max_size rows of max_len positions; twice that
-    covers the attention's other temporaries (review estimate, to be measured)."""
-    one_layer = 2 * config.num_key_value_heads * config.head_dim * dtype.itemsize  # K and V, one position
-    return 2 * max_size * max_len * one_layer

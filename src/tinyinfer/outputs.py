@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -82,3 +86,22 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict = field(default_factory=dict)
+
+
+# --- what a model runner hands the sampler (model_runner.py, static_batching.py) -------
+
+
+@dataclass
+class PromptLogits:
+    """The model's output at the prompt positions a step computed for one
+    sequence that wants prompt logprobs: logits[j] scores prompt token start+j+1."""
+
+    seq: object  # the Sequence
+    start: int
+    logits: torch.Tensor  # [n, V]
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [M, V]: row i for scheduler_output.sampling[i]
+    prompt_logits: list[PromptLogits] = field(default_factory=list)

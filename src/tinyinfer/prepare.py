@@ -18,7 +18,7 @@ needs to know a kernel's constants:
     on the model since (quantize_model, repack, ...: cpu_linear's rule 5) may
     have swapped modules, so their list is made again first;
   - which generation of the model it is (generation(model), the number a
-    compiled decode step guards on: model_runner.decode_forward).
+    compiled decode step guards on: decode_batch.decode_forward).
 A swapped model (runner.model = m) gets a PreparedModel of its own, and the
 runner drops the compiled decode steps of the old one.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cpu_linear import PackedLinear, PackedModule, bump_generation, check_layouts, pack_for_cpu
+from .cpu_linear import PackedLinear, PackedModule, bump_generation, check_layouts, generation, pack_for_cpu
 from .kernel_choice import one_row_kernel
 
 
@@ -50,31 +50,37 @@ class PreparedModel:
         check_layouts(self.kernel_modules)
 
 
-def generation(model: nn.Module) -> int:
-    """How many passes have changed the model's modules or layouts (cpu_linear's rule 5)."""
-    return getattr(model, "tinyinfer_generation", 0)
-
-
 def prepare_model(model: nn.Module, device: torch.device, quantization: str | None = None,
-                  group_size: int = 128, lm_head_quantization: str | None = None) -> nn.Module:
+                  group_size: int = 128, lm_head_quantization: str | None = None,
+                  one_row_kernel: str = "auto") -> nn.Module:
     """Quantize (if asked), then make the kernel layouts for `device`, in place,
-    once. Returns the model; a runner wraps it in a PreparedModel."""
+    once. Returns the model; a runner wraps it in a PreparedModel. On a CPU the
+    route of one-row products is one_row_kernel ("auto": measured, kernel_choice.py)."""
     if quantization or lm_head_quantization:  # weight-only: swap Linears for quantized twins
         from .quant import quantize_model  # the kernels' probes run only for a quantized engine
 
         quantize_model(model, quantization, group_size, lm_head=lm_head_quantization)
     if device.type == "cpu":  # kernel layouts for this CPU (cpu_linear.py)
         pack_for_cpu(model)
-        choose_one_row_route(model)
+        choose_one_row_route(model, one_row_kernel)
     return model
 
 
-def choose_one_row_route(model: nn.Module) -> str:
-    """Give every packed linear layer the faster route for one row on this CPU
-    (kernel_choice.py); returns it. Measured once per CPU and dtype, then read back."""
+def choose_one_row_route(model: nn.Module, choice: str = "auto") -> str:
+    """Give every packed linear layer the route for one row: `choice`, or with
+    "auto" the faster on this CPU (kernel_choice.py), measured once per CPU and
+    dtype, then read back. Returns it; one_row_route(model) reads it later."""
     layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m.packed_weight is not None]
-    route = one_row_kernel([m.weight for m in layers], [m.packed_weight for m in layers])
+    route = choice if choice != "auto" else one_row_kernel([m.weight for m in layers],
+                                                         [m.packed_weight for m in layers])
     for m in layers:
         m.one_row = route
     bump_generation(model)  # another path in forward (cpu_linear's rule 5)
     return route
+
+
+def one_row_route(model: nn.Module) -> str | None:
+    """The route one-row products take in this model ("packed" or "plain"), or
+    None where no layer has a packed layout (on a GPU)."""
+    return next((m.one_row for m in model.modules() if isinstance(m, PackedLinear) and m.packed_weight is not None),
+                None)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # The choices are checked in config.py (before anything loads); their names stay importable from here.
-from .config import GROUP_SIZES, QUANT_METHODS as METHODS, check_quantization as check_method  # noqa: F401
+from .config import QUANT_METHODS, check_quantization
 from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, bump_generation, pack_weight, packable,
                          packed_linear, plain_linear, wants_grad)
 
@@ -563,9 +563,10 @@ def quantize_model(model: nn.Module, method: str | None, group_size: int = 128, 
     the model's weights had (cpu_linear's rule; the INT4 one is a second copy
     of the weight)."""
     if method is not None:
-        check_method(method, group_size)
-    if lm_head not in (None, *METHODS):
-        raise ValueError(f"lm_head={lm_head!r} is invalid: must be None or one of {', '.join(map(repr, METHODS))}")
+        check_quantization(method, group_size)
+    if lm_head not in (None, *QUANT_METHODS):
+        raise ValueError(f"lm_head={lm_head!r} is invalid: must be None or one of "
+                         f"{', '.join(map(repr, QUANT_METHODS))}")
     targets = [(layer, name, method) for layer in model.model.layers for name in LAYER_LINEARS if method]
     if lm_head is not None:
         targets.append((model, "lm_head", lm_head))
@@ -646,7 +647,7 @@ def formula_bytes(config, method: str, group_size: int = 128) -> dict:
     INT8: 1 byte per weight + a 4-byte scale per row;
     INT4: 1/2 byte per weight + a 2-byte scale and a 2-byte zero per group
     (per row, ceil(in / group_size) groups)."""
-    check_method(method, group_size)
+    check_quantization(method, group_size)
     shapes = linear_shapes(config) * config.num_hidden_layers
     params = sum(o * i for o, i in shapes)
     if method == "int8":

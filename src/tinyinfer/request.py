@@ -27,10 +27,11 @@ class Request:
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
+        self.eos_token_ids = frozenset(eos_token_ids)  # the tokens that end a sample (unless params.ignore_eos)
         self.arrival_time = arrival_time  # time.perf_counter() when the request was accepted
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None  # set once every position has its entry
         self._pending_prompt_logprobs: list[PositionLogprobs | None] = []  # filled chunk by chunk
-        self.samples = [Sequence(self, 0, prompt_token_ids, eos_token_ids, decode)]  # the n samples, in order
+        self.samples = [Sequence(self, 0, prompt_token_ids, decode)]  # the n samples, in order
 
     @property
     def finished(self) -> bool:

@@ -59,7 +59,7 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list, prompt_logits: list | None = None) -> SamplerOutput:
-        """logits [M, V]: row i is seqs[i]'s. prompt_logits: model_runner.PromptLogits
+        """logits [M, V]: row i is seqs[i]'s. prompt_logits: outputs.PromptLogits
         records, the logits of the prompt positions a step computed."""
         raw = logits.float()
         processed = self.apply_grammar(self.apply_penalties(raw, seqs), raw, seqs)

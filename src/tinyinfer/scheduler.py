@@ -90,6 +90,9 @@ class SchedulerStats:
     # decode-only step, which always runs eagerly), and how many decode-only steps have.
     eager_decode_reason: str | None = None
     num_eager_decode_steps: int = 0  # cumulative
+    # On a CPU: the kernel one-row products take, "packed" (oneDNN's layout) or
+    # "plain" (F.linear), measured once per CPU (kernel_choice.py); None on a GPU.
+    one_row_kernel: str | None = None
 
 
 @dataclass

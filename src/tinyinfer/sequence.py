@@ -45,15 +45,14 @@ _FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAP
 
 
 class Sequence:
-    def __init__(self, request: Request, index: int, prompt_token_ids: list[int], eos_token_ids=(), decode=None):
+    def __init__(self, request: Request, index: int, prompt_token_ids: list[int], decode=None):
         self.request = request
         self.index = index  # which of the request's n parallel samples this is
         self.token_ids = list(prompt_token_ids)  # the prompt, then the output: the only token list
         self.num_prompt_tokens = len(self.token_ids)
-        self.eos_token_ids = frozenset(eos_token_ids)
-        # Without a tokenizer (a bare model), the stopping rules use token ids only.
+        # The reply's text (detokenizer.text). Without a tokenizer (a bare model),
+        # there is none, and the stopping rules use token ids only.
         self.detokenizer = IncrementalDetokenizer(decode, self.token_ids, self.num_prompt_tokens) if decode else None
-        self.output_text = ""
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.logprobs: list[PositionLogprobs] | None = [] if self.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
@@ -82,6 +81,15 @@ class Sequence:
     @property
     def params(self) -> SamplingParams:
         return self.request.params
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.request.eos_token_ids
+
+    @property
+    def output_text(self) -> str:
+        """The reply's text so far (a stop string cut off, incomplete characters held back)."""
+        return self.detokenizer.text if self.detokenizer is not None else ""
 
     @property
     def seq_id(self) -> str:
@@ -123,7 +131,7 @@ class Sequence:
         if self.num_output_tokens:
             raise ValueError(f"sequence {self.seq_id!r} has output tokens; samples fork from the prompt")
         decode = self.detokenizer.decode if self.detokenizer else None
-        child = Sequence(self.request, index, self.token_ids, self.eos_token_ids, decode)
+        child = Sequence(self.request, index, self.token_ids, decode)
         child.num_computed_tokens, child.status = self.num_computed_tokens, self.status
         return child
 
@@ -169,10 +177,10 @@ class Sequence:
             hits = [(i, s) for s in p.stop if (i := tail.find(s)) != -1]
             if hits:
                 cut, s = min(hits)
-                self.output_text = (self.output_text + new)[: start + cut]  # the stop string itself is not returned
+                self.detokenizer.text = (self.output_text + new)[: start + cut]  # the stop string is not returned
                 self._stop(s)
                 return
-        self.output_text += new
+        self.detokenizer.text += new
 
     def stable_text(self) -> str:
         """Text safe to show while streaming: without any tail that could still

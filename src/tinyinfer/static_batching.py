@@ -9,7 +9,7 @@ are never attended to, because a query only sees keys at positions <= its own
 (see kv_cache.causal_mask).
 
 StaticScheduler and StaticModelRunner have the same interface as Scheduler and
-ModelRunner (llm_engine.py's SchedulerLike and RunnerLike), so LLMEngine runs
+ModelRunner (step_parts.py's SchedulerLike and RunnerLike), so LLMEngine runs
 the same step for both: set the two files side by side to see what continuous
 batching changes. Static batching has no KV blocks, so no BlockManager.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .kv_cache import AttentionMetadata, KVCache, causal_mask
-from .model_runner import ModelOutput, PromptLogits
+from .outputs import ModelOutput, PromptLogits
 from .prepare import PreparedModel
 from .sampling import SamplerOutput
 from .scheduler import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats, record_queue_stats

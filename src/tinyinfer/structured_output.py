@@ -12,7 +12,7 @@ token is allowed only where the grammar may end.
 
 Why a library. Testing each of 49,152 tokens in Python at every step took
 34-85 ms per row for a list of three tool names (2-core Intel Xeon, shared,
-2026-12-05; the slow version is in tests/test_structured_output.py), about as
+2026-12-05; the slow version is in tests/engine/test_structured_output.py), about as
 long as a whole decode step of the 135M model. Precomputing, for a hand-made
 automaton of the tool-call schema, the allowed tokens of each state would be
 fast, but it covers one schema, and a JSON value nests, which a finite

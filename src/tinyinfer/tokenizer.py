@@ -15,6 +15,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from .checks import check_prompt_ids
+
 if TYPE_CHECKING:
     from .config import ModelConfig
 
@@ -59,6 +61,21 @@ class Tokenizer:
         add_special_tokens adds what the model's post-processor adds (e.g. BOS),
         matching transformers' `tokenizer(text)`."""
         return self._plain.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_prompt(self, prompt: str | dict, vocab_size: int, where: str = "prompt") -> tuple[str | None, list[int]]:
+        """A request's prompt, a string or {"prompt_token_ids": [...]} (vLLM's two
+        forms), as (its text or None, its token ids), every id checked against the
+        model's vocab_size. `where` names the prompt in an error message."""
+        if isinstance(prompt, str):
+            text, ids = prompt, self.encode(prompt)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            where += ".prompt_token_ids"
+        else:
+            raise ValueError(f"{where}: expected a string or {{'prompt_token_ids': [...]}}, "
+                             f"got {type(prompt).__name__}")
+        check_prompt_ids(ids, vocab_size, where)
+        return text, ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._plain.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -152,7 +169,8 @@ _templates: dict[str, jinja2.Template] = {}
 def _compile(source: str) -> jinja2.Template:
     # The same jinja settings transformers uses for chat templates.
     if source not in _templates:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         _templates[source] = env.from_string(source)
     return _templates[source]

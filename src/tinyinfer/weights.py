@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import DEFAULT_MODEL, ModelConfig
+from .config import DEFAULT_MODEL, ModelConfig, cache_dir
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,6 @@ KNOWN_MODELS = {
         description="SmolLM2-135M-Instruct (Apache-2.0), 4-bit Q4_1 weights de-quantized to fp32",
     ),
 }
-
-
-def cache_dir() -> Path:
-    """$TINYINFER_HOME, else ~/.cache/tinyinfer."""
-    return Path(os.environ.get("TINYINFER_HOME") or Path.home() / ".cache" / "tinyinfer")
 
 
 def resolve_model(model: str) -> Path:
@@ -126,8 +121,9 @@ def random_weights_model(name: str = DEFAULT_MODEL, seed: int = 0) -> Path:
     print(f"tinyinfer: {RANDOM_WEIGHTS_ENV}=1: {name} gets seeded random weights in its real shape "
           "(its text is noise)", file=sys.stderr)
     config = json.loads((source / "config.json").read_text())
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**config))
+    with torch.random.fork_rng(devices=[]):  # seeded here, and the caller's random stream left as it was
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(**config))
     with tempfile.TemporaryDirectory(dir=source.parent) as tmp:
         staging = Path(tmp) / "model"
         model.save_pretrained(staging)

@@ -10,7 +10,7 @@ A serving measurement needs what real traffic has:
   batch slot and KV-cache space for many steps.
 
 Both the load generator for real servers (tinyinfer.bench) and the fleet
-simulator (tinyinfer.fleet) draw their workloads with these functions, from
+simulator (tinyinfer_course.fleet) draw their workloads with these functions, from
 seeded generators: the same seed gives the same workload, so two runs (or two
 servers, or a server and its simulation) can be compared fairly.
 """
@@ -93,7 +93,3 @@ def sample_lengths(spec, n: int, rng: np.random.Generator, name: str = "length")
     if out.shape != (n,) or (out < 1).any():
         raise ValueError(f"{name}: the function must return {n} lengths, each an integer >= 1")
     return [int(x) for x in out]
-
-
-# Replaying a workload through a real engine lives in replay.py; lab 7 imports it from here.
-from .replay import ReplayResult, RequestRecord, StepRecord, prompt_ids, replay  # noqa: E402, F401

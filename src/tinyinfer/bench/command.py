@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--percentiles", default="50,95,99", help="comma-separated percentiles to report")
     p.add_argument("--extra-body", default=None, help='JSON merged into every request, e.g. \'{"temperature": 0}\'')
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on a silent connection")
-    p.add_argument("--save-result", default=None, metavar="PATH", help="write the summary and per-request arrays as JSON")
+    p.add_argument("--save-result", default=None, metavar="PATH",
+                   help="write the summary and per-request arrays as JSON")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 

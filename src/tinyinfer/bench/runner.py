@@ -89,16 +89,21 @@ def run_benchmark(base_url: str, model: str, num_prompts: int = 64, request_rate
                     or a tokenizer object: prompts then have exactly input_len tokens
     endpoint_type   "completions" or "chat"
     """
-    coro = benchmark(base_url, model, num_prompts, request_rate, max_concurrency, input_len, output_len,
-                     endpoint_type=endpoint_type, arrival=arrival, goodput=goodput, percentiles=percentiles,
-                     tokenizer=tokenizer, api_key=api_key, seed=seed, ignore_eos=ignore_eos,
-                     extra_body=extra_body, timeout=timeout, progress=progress)
+    return run_sync(benchmark(base_url, model, num_prompts, request_rate, max_concurrency, input_len, output_len,
+                              endpoint_type=endpoint_type, arrival=arrival, goodput=goodput,
+                              percentiles=percentiles, tokenizer=tokenizer, api_key=api_key, seed=seed,
+                              ignore_eos=ignore_eos, extra_body=extra_body, timeout=timeout, progress=progress))
+
+
+def run_sync(coro):
+    """Run a coroutine to its end from ordinary code and return its result, also where
+    an event loop already runs in this thread (Jupyter's kernel runs one): asyncio.run
+    refuses to nest, so there it runs on a fresh loop in a helper thread. For
+    run_benchmark, and for any caller that replays requests from a notebook."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    # A loop already runs in this thread (Jupyter does this), and asyncio.run
-    # refuses to nest: run ours on a fresh loop in a helper thread instead.
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
 

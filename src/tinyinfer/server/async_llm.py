@@ -69,7 +69,8 @@ class AsyncLLM:
         self.served_model_name: str | None = None  # what clients send as "model" (default: the engine's name)
         self.max_model_len: int | None = None  # both known once the core is Ready
         self.stats = EngineStats()  # the engine's numbers at the core's last report
-        self.metrics: ServerMetrics | None = None  # /metrics; made when the core is Ready (labels need the model's name)
+        # /metrics; made when the core is Ready (its labels need the model's name)
+        self.metrics: ServerMetrics | None = None
         self.fatal_error: EngineUnavailable | None = None
         self._streams: dict[str, RequestStream] = {}  # every accepted or arriving request, until it ends
         self._accepting: dict[str, asyncio.Future] = {}  # sent to the core, not yet accepted or refused

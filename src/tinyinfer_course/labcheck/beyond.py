@@ -1,0 +1,460 @@
+"""Lab 10 (beyond one reply): checks for reading a tool call, the agent loop,
+a context selector, the cheaper way to serve a workload, from a step log, and
+one row of a structured-output mask.
+
+Every expected value here is written out by hand (or, for the agent loop,
+assembled from each case's script), never computed by the function under test
+or by the engine's own version of it."""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import dataclass
+
+from ..text import context
+from ..analysis import cost
+from tinyinfer import structured_output
+from ..text import tools as agent_tools
+from .core import Case, first_mismatch, run_check
+from .registry import Lab
+
+# ---------------------------------------------------------------- references (the engine's own)
+
+
+def reference_parse_tool_call(text):
+    """The course's answer to lab 10's parse_tool_call exercise."""
+    return agent_tools.parse_tool_call(text)
+
+
+def reference_run_agent(generate, tools, messages, max_passes=4):
+    """The course's answer to lab 10's run_agent exercise."""
+    return agent_tools.run_agent(generate, tools, messages, max_passes)
+
+
+def reference_select_context(chunks, question, budget_tokens, count_tokens):
+    """The course's answer to lab 10's select_context exercise."""
+    return context.select_context(chunks, question, budget_tokens, count_tokens)
+
+
+def reference_cheapest_option(options, input_tokens, output_tokens):
+    """The course's answer to lab 10's cheapest_option exercise: each option's
+    dollars for the workload (a machine's from its step log, through the
+    engine's cost.token_costs; a price list's directly), and the cheapest."""
+    costs = {}
+    for name, option in options.items():
+        prices = cost.token_costs(option["steps"], option["price_per_hour"]) if "steps" in option else option
+        dollars = 0.0
+        for tokens, price in ((input_tokens, prices["input_per_million"]),
+                              (output_tokens, prices["output_per_million"])):
+            if tokens and price is None:  # the log never timed this kind of token
+                dollars = None
+                break
+            dollars += tokens / 1e6 * price if tokens else 0.0
+        costs[name] = dollars
+    priced = [name for name in costs if costs[name] is not None]
+    return (min(priced, key=lambda name: costs[name]) if priced else None), costs  # min keeps the first of a tie
+
+
+# ---------------------------------------------------------------- exercise 1: parse a tool call
+
+_CALLS = [  # text, expected (name, arguments) or None, what it is
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+     ("get_weather", {"city": "Paris"}), "a complete call"),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+     ("get_weather", {"city": "Oslo"}), "generation stopped on </tool_call>, so the closing tag is missing"),
+    ('Let me look.\n<tool_call>\n  {"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+     ("add", {"a": 2, "b": 3}), "prose before the call, line breaks around the JSON"),
+    ('<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}} and then some words',
+     ("get_time", {"zone": "UTC"}), "text after the JSON object"),
+    ('<tool_call>{"name": "now"}</tool_call>', ("now", {}), "no arguments: an empty dict"),
+    ('<tool_call>{"name": "first", "arguments": {}}</tool_call><tool_call>{"name": "second"}</tool_call>',
+     ("first", {}), "two calls: the first one only"),
+    ("The capital of France is Paris.", None, "a plain answer"),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None, "JSON without the <tool_call> tag"),
+    ("<tool_call>get_weather(city='Paris')</tool_call>", None, "not JSON"),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Par', None, "cut off in the middle of the JSON"),
+    ('<tool_call>["get_weather", "Paris"]</tool_call>', None, "JSON, but not an object"),
+    ('<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', None, "no name"),
+    ('<tool_call>{"name": "", "arguments": {}}</tool_call>', None, "an empty name"),
+    ('<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>', None, "arguments that are not an object"),
+]
+
+
+def _as_call(got):
+    """A ToolCall-like result as (name, arguments), or the value itself."""
+    if got is None:
+        return None
+    name, arguments = getattr(got, "name", got), getattr(got, "arguments", None)
+    return (name, arguments) if isinstance(name, str) else got
+
+
+def check_parse_tool_call(fn) -> bool:
+    """fn(text) -> ToolCall(name, arguments) for the first well-formed call, else None."""
+    def cases():
+        return [Case((text,), want, f"text={text!r}  ({note})") for text, want, note in _CALLS]
+    return run_check("parse_tool_call", lambda text: _as_call(fn(text)), cases,
+                     forbidden=(reference_parse_tool_call, agent_tools.parse_tool_call))
+
+
+# ---------------------------------------------------------------- exercise 2: the agent loop
+
+
+def _call(name: str, **arguments) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def _weather(city):
+    return {"Paris": "Paris: 18 °C, light rain", "Oslo": "Oslo: -3 °C, snow"}.get(city, f"{city}: no data")
+
+
+def _add(a, b):
+    return a + b
+
+
+def _now():
+    return "12:00 UTC"
+
+
+def _tool_error(fn, **arguments) -> str:
+    """The message run_agent must append when a tool raises (computed by calling the tool here)."""
+    try:
+        fn(**arguments)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}"
+    raise AssertionError("the tool was expected to raise")
+
+
+_TOOLS = {"get_weather": _weather, "add": _add, "now": _now}
+_USER = {"role": "user", "content": "What is the weather in Paris?"}
+_SYSTEM = {"role": "system", "content": "You can call get_weather and add."}
+
+# question, [(reply text, prompt tokens, output tokens)], max_passes, the tool messages
+# expected after each tool-calling pass, the expected answer, what the case is.
+_AGENT_CASES = [
+    ([_USER], [("It rains in Paris.", 30, 6)], 4, [], "It rains in Paris.",
+     "the model answers at once: one pass, no tool"),
+    ([_SYSTEM, _USER], [(_call("get_weather", city="Paris"), 41, 17), ("Light rain, 18 °C.", 70, 8)], 4,
+     ["Paris: 18 °C, light rain"], "Light rain, 18 °C.", "one tool call, then the answer"),
+    ([_USER], [(_call("get_weather", city="Paris"), 30, 17), (_call("get_weather", city="Oslo"), 60, 17),
+               ("Paris is warmer.", 90, 5)], 4,
+     ["Paris: 18 °C, light rain", "Oslo: -3 °C, snow"], "Paris is warmer.", "two calls, then the answer"),
+    ([_USER], [("Checking. " + _call("add", a=2, b=40), 25, 20), ("42", 55, 2)], 4, ["42"], "42",
+     "a call after some prose; the tool returns an int (the message holds str(result))"),
+    ([_USER], [(_call("get_news", topic="rain"), 30, 15), ("I cannot look that up.", 50, 7)], 4,
+     ["error: unknown tool 'get_news'"], "I cannot look that up.", "an unknown tool: tell the model, go on"),
+    ([_USER], [(_call("add", a=1), 30, 12), ("Sorry.", 60, 3)], 4, [_tool_error(_add, a=1)], "Sorry.",
+     "a tool that raises (a missing argument): its error becomes the tool message"),
+    ([_USER], [(_call("get_weather", city="Paris"), 30, 17)] * 3, 3,
+     ["Paris: 18 °C, light rain"] * 3, None, "max_passes=3 reached, still calling tools: no answer"),
+    ([_USER], [('<tool_call>{"name": "get_weather", "arguments": {"city": ', 30, 14)], 4, [],
+     '<tool_call>{"name": "get_weather", "arguments": {"city": ', "a malformed call is not a call: it is the answer"),
+    # Replies only a real parser reads right: use parse_call, as the exercise says.
+    ([_USER], [('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}', 30, 16), ("Snow.", 60, 2)], 4,
+     ["Oslo: -3 °C, snow"], "Snow.", "generation stopped on </tool_call>, so the call has no closing tag"),
+    ([_USER], [('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}} and I will wait', 30, 20), ("3", 60, 1)], 4,
+     ["3"], "3", "words after the call's JSON, no closing tag"),
+    ([_USER], [('<tool_call>{"name": "now"}</tool_call>', 30, 9), ("It is noon.", 45, 4)], 4,
+     ["12:00 UTC"], "It is noon.", "a call without arguments: the tool is called with none"),
+    ([_USER], [('<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', 30, 12)], 4, [],
+     '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>',
+     "a call without a name is not a call: it is the answer"),
+]
+
+
+@dataclass
+class _AgentOutcome:
+    answer: object
+    passes: object
+    tool_calls: object
+    prompt_tokens: object
+    output_tokens: object
+    messages: object  # the transcript the result holds
+    shown: list  # what the model was shown at each pass
+    input_after: list  # the caller's messages after the call (must be unchanged)
+
+    def __repr__(self) -> str:
+        def roles(ms):  # compact: a failure line shows at most MAX_SHOWN characters
+            try:
+                return "[" + ", ".join(f"{m['role']}: {str(m['content'])[:14]!r}" for m in ms) + "]"
+            except Exception:
+                return repr(ms)[:80]
+        shown = [len(ms) for ms in self.shown]
+        answer = self.answer if self.answer is None else str(self.answer)[:24]
+        return (f"answer={answer!r}, passes={self.passes}, tool_calls={self.tool_calls}, "
+                f"tokens in/out={self.prompt_tokens}/{self.output_tokens}, caller's list after the call: "
+                f"{len(self.input_after)} messages, model shown conversations of {shown} messages, "
+                f"messages={roles(self.messages)}")
+
+
+def _expected_agent(question, script, max_passes, tool_messages, answer) -> _AgentOutcome:
+    """What the loop must produce, assembled from the case's script: each pass
+    appends the model's reply and, if it called a tool, the tool's message."""
+    transcript, shown = [dict(m) for m in question], []
+    passes = min(len(script), max_passes)
+    for n in range(passes):
+        shown.append([dict(m) for m in transcript])
+        transcript.append({"role": "assistant", "content": script[n][0]})
+        if n < len(tool_messages):
+            transcript.append({"role": "tool", "content": tool_messages[n]})
+    return _AgentOutcome(answer, passes, len(tool_messages), sum(s[1] for s in script[:passes]),
+                         sum(s[2] for s in script[:passes]), transcript, shown, [dict(m) for m in question])
+
+
+def _run_agent_case(fn):
+    def run(question, script, max_passes):
+        shown = []
+
+        def generate(messages):  # a scripted model that remembers what it was shown
+            shown.append([dict(m) for m in messages])
+            if len(shown) > len(script):  # a plain answer, so that any loop stops here
+                return agent_tools.ModelReply(f"(no reply: this case scripts only {len(script)})", 0, 0)
+            return agent_tools.ModelReply(*script[len(shown) - 1])
+
+        caller = [dict(m) for m in question]
+        result = fn(generate, dict(_TOOLS), caller, max_passes)
+        fields = [getattr(result, f, "<missing>") for f in
+                  ("answer", "passes", "tool_calls", "prompt_tokens", "output_tokens", "messages")]
+        messages = fields[5]
+        if isinstance(messages, list):
+            messages = [dict(m) if isinstance(m, dict) else m for m in messages]
+        return _AgentOutcome(*fields[:5], messages, shown, caller)
+    return run
+
+
+def _text(value, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + " ...'"
+
+
+def _where_agent(got, expected) -> str | None:
+    """The first field, or the first message, where the loop's result differs."""
+    if not isinstance(got, _AgentOutcome):
+        return None
+    for field in ("answer", "passes", "tool_calls", "prompt_tokens", "output_tokens"):
+        if getattr(got, field) != getattr(expected, field):
+            return f"{field} differs: expected {_text(getattr(expected, field))}, got {_text(getattr(got, field))}"
+    for name, mine, theirs in (("the caller's list after the call", got.input_after, expected.input_after),
+                               ("messages", got.messages, expected.messages)):
+        if mine == theirs:
+            continue
+        if not isinstance(mine, list):
+            return f"{name} differs: got {_text(mine)}, not a list of messages"
+        i = first_mismatch(mine, theirs)
+        if i < min(len(mine), len(theirs)):
+            return f"{name}[{i}] differs: expected {_text(theirs[i])}, got {_text(mine[i])}"
+        return f"{name} differs: {len(mine)} messages, expected {len(theirs)}"
+    for n, (a, b) in enumerate(zip(got.shown, expected.shown)):
+        if a != b:
+            return f"what the model was shown differs in pass {n}: {len(a)} messages, expected {len(b)}"
+    return None
+
+
+def check_run_agent(fn) -> bool:
+    """fn(generate, tools, messages, max_passes) -> AgentResult: run the model,
+    run every tool it calls, append the result, run it again, until an answer.
+    (Calling tinyinfer_course.text.tools.parse_tool_call, exercise 1's twin, is allowed here.)"""
+    def cases():
+        return [Case((question, script, max_passes),
+                     _expected_agent(question, script, max_passes, tool_messages, answer),
+                     f"{note}: {len(script)} scripted replies, max_passes={max_passes}")
+                for question, script, max_passes, tool_messages, answer, note in _AGENT_CASES]
+    return run_check("run_agent", _run_agent_case(fn), cases,
+                     forbidden=(reference_run_agent, agent_tools.run_agent, agent_tools.run_tool),
+                     explain=_where_agent)
+
+
+# ---------------------------------------------------------------- exercise 3: choose the context
+
+_TIMETABLE = [  # with their lengths in words, the token count these cases use
+    "The night train to Lyon leaves at 22:40 from platform 4.",  # 11 words
+    "The train to Nice leaves at 10:15 from platform 2.",  # 10
+    "Lunch is served in the dining car from noon.",  # 9
+    "Tickets to Lyon cost 40 euros in second class.",  # 9
+    "Bicycles travel free on every train.",  # 6
+    "The Nice train has a quiet coach.",  # 7
+]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+_SELECT_CASES = [  # chunks, question, budget, expected (indices into chunks), what
+    (_TIMETABLE, "When does the night train to Lyon leave?", 100, [0, 1, 3, 4, 5],
+     "a large budget: every chunk sharing a word, in document order"),
+    (_TIMETABLE, "When does the night train to Lyon leave?", 11, [0],
+     "a budget of 11: chunk 0 ('night', 'train', 'lyon': 3 shared words) only"),
+    (_TIMETABLE, "When does the night train to Lyon leave?", 17, [0, 4],
+     "17: after chunk 0 (11), chunks 1 (10) and 3 (9) do not fit, chunk 4 (6) still does"),
+    (_TIMETABLE, "How much do TICKETS to LYON cost?", 20, [0, 3],
+     "upper case in the question; chunk 3 ranks first, chunk 0 ('lyon') still fits: document order"),
+    (_TIMETABLE, "Which train goes to Nice?", 10, [1],
+     "'train', 'nice': chunks 1 and 5 both share 2 words; the tie goes to the earlier chunk"),
+    (_TIMETABLE, "Is there a quiet coach?", 5, [], "the only match (7 words) does not fit a budget of 5"),
+    (_TIMETABLE, "Where can I buy a sandwich?", 100, [], "no chunk shares a word: send nothing"),
+    (_TIMETABLE, "What is it?", 100, [], "a question made only of stopwords matches nothing"),
+    (["Platform 9, platform 10 and platform 11 are new.", "Platform 4 is open today.", "Gate 4 is open."],
+     "Is platform 4 open?", 9, [1, 2],
+     "distinct words count, not occurrences: chunk 0 says 'platform' three times but shares one word"),
+    (["alpha beta", "beta gamma delta", "gamma"], "gamma beta", 3, [1],
+     "chunk 1 shares two words and its 3 tokens fill the budget of 3 exactly"),
+]
+
+
+def check_select_context(fn) -> bool:
+    """fn(chunks, question, budget_tokens, count_tokens) -> the chosen chunks, in document order."""
+    def cases():
+        return [Case((list(chunks), question, budget, _words), [chunks[i] for i in want],
+                     f"question={question!r}, budget_tokens={budget}, count_tokens = words per chunk, "
+                     f"chunks={chunks if chunks is not _TIMETABLE else 'the six-line timetable'}  ({note})")
+                for chunks, question, budget, want, note in _SELECT_CASES]
+    return run_check("select_context", fn, cases, same=lambda got, want: isinstance(got, list) and got == want,
+                     forbidden=(reference_select_context, context.select_context))
+
+
+# ---------------------------------------------------------------- exercise 4: the cheaper way to serve
+
+
+def _steps(*rows) -> list[dict]:
+    return [{"num_prefill_tokens": p, "num_decode_tokens": d, "step_time_s": s} for p, d, s in rows]
+
+
+def _machine(price_per_hour: float, *rows) -> dict:
+    """A machine you rent by the hour and run yourself, with its engine's step log."""
+    return {"steps": _steps(*rows), "price_per_hour": price_per_hour}
+
+
+def _price_list(input_per_million: float, output_per_million: float) -> dict:
+    """A provider's price list: dollars per million input and output tokens."""
+    return {"input_per_million": input_per_million, "output_per_million": output_per_million}
+
+
+# Worked by hand. A machine at P dollars an hour costs P / 3600 a second. Its
+# step log times each kind of token on the steps that did only that kind (a mixed
+# step's seconds cannot be split between its two kinds), weighing each step by
+# its length: seconds per input token = the prefill steps' seconds / their tokens.
+# A workload of I input and O output tokens then costs
+# P / 3600 * (I * s_in + O * s_out); on a price list, I / 1e6 * in + O / 1e6 * out.
+_CHIP = _machine(3.6, (1024, 0, 2.0), *[(0, 8, 0.25)] * 15)  # $0.001 a second; 2/1024 s per input, 1/32 s per output
+_API = _price_list(2.5, 25.0)
+_MIXED = _machine(1.8, (256, 0, 0.5), (200, 4, 0.6), (0, 4, 0.1), (0, 4, 0.1))  # 0.5/256 s and 0.2/8 s per token
+_UNEVEN = _machine(36.0, (100, 0, 1.0), (300, 0, 0.5), (0, 1, 0.05), (0, 9, 0.15))  # 1.5/400 s and 0.2/10 s
+_NO_PREFILL = _machine(7.2, (0, 0, 0.01), (0, 2, 0.1))  # no prefill step at all; 0.05 s per output token
+_FREE = _machine(0.0, (50, 0, 0.1), (0, 1, 0.02))
+
+# options, input tokens, output tokens, the expected (choice, {option: dollars or None}), what.
+_CHOICE_CASES = [
+    ({"machine": _CHIP, "api": _API}, 100_000, 1_000, ("machine", {"machine": 0.2265625, "api": 0.275}),
+     "an input-heavy workload (a long document, a short summary): the machine's cheap prefill wins"),
+    ({"machine": _CHIP, "api": _API}, 1_000, 10_000, ("api", {"machine": 0.314453125, "api": 0.2525}),
+     "the same two options, an output-heavy workload: now the price list wins (the answer flips with the mix)"),
+    ({"machine": _MIXED, "api": _price_list(1.0, 30.0)}, 2_560, 80, ("machine", {"machine": 0.0035, "api": 0.00496}),
+     "the log holds a mixed step (200 prefill + 4 decode tokens in 0.6 s): it times neither kind"),
+    ({"machine": _UNEVEN}, 400, 10, ("machine", {"machine": 0.017}),
+     "steps of different lengths: 1.5 s for 400 input tokens, not the mean of the two steps' rates"),
+    ({"no prefill": _NO_PREFILL, "api": _price_list(1.0, 100.0)}, 100, 10, ("api", {"no prefill": None, "api": 0.0011}),
+     "a log with no prefill step cannot price input tokens: None, and never the choice"),
+    ({"no prefill": _NO_PREFILL}, 0, 10, ("no prefill", {"no prefill": 0.001}),
+     "the same log, a workload with no input tokens: it needs no input price (the empty step counts for nothing)"),
+    ({"no prefill": _NO_PREFILL}, 5, 5, (None, {"no prefill": None}), "no option can price the workload: None"),
+    ({"free": _FREE, "api": _price_list(0.1, 0.4)}, 1_000, 100, ("free", {"free": 0.0, "api": 0.00014}),
+     "a machine that costs nothing an hour: every workload costs $0 on it"),
+    ({"first": _price_list(1.0, 4.0), "second": _price_list(1.0, 4.0)}, 500, 500,
+     ("first", {"first": 0.0025, "second": 0.0025}),
+     "two identical price lists: a tie goes to the option listed first"),
+]
+
+
+def _same_choice(got, want) -> bool:
+    try:
+        name, costs = got
+    except (TypeError, ValueError):
+        return False
+    if name != want[0] or not isinstance(costs, dict) or set(costs) != set(want[1]):
+        return False
+    for option, value in want[1].items():
+        g = costs[option]
+        if value is None:
+            if g is not None:
+                return False
+        elif not (isinstance(g, numbers.Real) and not isinstance(g, bool)
+                  and math.isclose(float(g), value, rel_tol=1e-9, abs_tol=1e-12)):
+            return False
+    return True
+
+
+def _describe(options: dict) -> str:
+    def one(o):
+        if "steps" in o:
+            rows = [(s["num_prefill_tokens"], s["num_decode_tokens"], s["step_time_s"]) for s in o["steps"]]
+            shown = rows if len(rows) <= 4 else rows[:2] + [f"... {len(rows) - 2} more like the last"]
+            return f"${o['price_per_hour']}/h, steps (prefill, decode, s) {shown}"
+        return f"price list ${o['input_per_million']}/M in, ${o['output_per_million']}/M out"
+    return "; ".join(f"{name!r}: {one(o)}" for name, o in options.items())
+
+
+def check_cheapest_option(fn) -> bool:
+    """fn(options, input_tokens, output_tokens) -> (name of the cheapest option or None,
+    {option: dollars for the workload, or None where the option cannot price it})."""
+    def cases():
+        return [Case(({name: {k: ([dict(s) for s in v] if k == "steps" else v) for k, v in o.items()}
+                       for name, o in options.items()}, i, o_), want,
+                     f"input_tokens={i:,}, output_tokens={o_:,}, options: {_describe(options)}  ({note})")
+                for options, i, o_, want, note in _CHOICE_CASES]
+    return run_check("cheapest_option", fn, cases, same=_same_choice,
+                     forbidden=(reference_cheapest_option, cost.token_costs))
+
+
+# ---------------------------------------------------------------- exercise 5: one row of a choice mask
+
+
+def reference_allowed_tokens(prefix, choices, vocab, eos_token_id):
+    """The course's answer to lab 10's allowed_tokens exercise: the tokens whose
+    text keeps the reply the start of a choice, plus end-of-sequence once the
+    reply is a whole choice. Tokens with no text (special tokens) never move the
+    reply on, so they are never allowed."""
+    allowed = {i for i, text in enumerate(vocab) if text and any(c.startswith(prefix + text) for c in choices)}
+    return allowed | ({eos_token_id} if prefix in choices else set())
+
+
+# Token i's text; id 0 is the end-of-sequence token, a special token with no text.
+_VOCAB = ["", "get", "_", "w", "weather", "e", "time", "t", "add", "a", "d", "dd", "x", "get_", "Get", "addx",
+          "_time", "ime"]
+_TOOL_NAMES = ["get_weather", "get_time", "add"]
+_MASK_CASES = [  # prefix, choices, the allowed ids (worked out by hand), what it shows
+    ("", _TOOL_NAMES, {1, 8, 9, 13}, "the start: 'get', 'get_', 'add', 'a'; not 'addx' (past the end), 'Get' or id 0"),
+    ("get", _TOOL_NAMES, {2, 16}, "'_' and '_time' continue; 'get' itself is not a choice, so no end yet"),
+    ("get_", _TOOL_NAMES, {3, 4, 6, 7}, "two choices still open: tokens towards either one"),
+    ("get_w", _TOOL_NAMES, {5}, "only 'e' starts 'eather'"),
+    ("get_weather", _TOOL_NAMES, {0}, "a whole choice and nothing longer: only end-of-sequence"),
+    ("a", _TOOL_NAMES, {10, 11}, "'d' and 'dd': a token may finish the choice exactly"),
+    ("ad", _TOOL_NAMES, {10}, "'d' finishes 'add'"),
+    ("a", ["a", "add"], {0, 10, 11}, "'a' is a whole choice and the start of another: end or go on"),
+    ("t", ["t", "time"], {0, 17}, "'t' is whole; 'ime' would make 'time'"),
+    ("", ["x"], {12}, "one choice, one token"),
+]
+
+
+def _same_ids(got, want) -> bool:
+    return isinstance(got, (set, frozenset)) and all(isinstance(t, int) for t in got) and set(got) == want
+
+
+def check_allowed_tokens(fn) -> bool:
+    """fn(prefix, choices, vocab, eos_token_id) -> the set of token ids the mask lets through."""
+    def cases():
+        return [Case((prefix, list(choices), list(_VOCAB), 0), want,
+                     f"prefix={prefix!r}, choices={choices}, vocab={_VOCAB} (id 0 is end-of-sequence)  ({note})")
+                for prefix, choices, want, note in _MASK_CASES]
+    return run_check("allowed_tokens", fn, cases, same=_same_ids,
+                     forbidden=(reference_allowed_tokens, structured_output.allowed_token_ids))
+
+
+LAB = Lab(10, "beyond one reply",
+          exports=("check_parse_tool_call", "check_run_agent", "check_select_context", "check_cheapest_option",
+                   "check_allowed_tokens", "reference_parse_tool_call", "reference_run_agent",
+                   "reference_select_context", "reference_cheapest_option", "reference_allowed_tokens"),
+          fallbacks={"check_parse_tool_call": reference_parse_tool_call, "check_run_agent": reference_run_agent,
+                     "check_select_context": reference_select_context,
+                     "check_cheapest_option": reference_cheapest_option,
+                     "check_allowed_tokens": reference_allowed_tokens})

@@ -1,0 +1,310 @@
+"""The GPU report: one run of the engine on a CUDA GPU (parity with transformers,
+decode step times against the memory-bandwidth bound, kernel launches, every lab
+notebook's time), stored with the course and rendered by chapter 4.
+
+    from tinyinfer_course.reports import gpu as gpu_report
+    report = gpu_report.load()        # $TINYINFER_GPU_REPORT, else the stored copy
+    print(gpu_report.render(report))  # header, tables, and the sentences computed from them
+
+CI has no GPU, so the stored report is not remeasured at every build: like the
+peers reports (peers.py) it carries the fingerprint of the engine code it
+measured, and the header says whether today's code is the same (engine_note).
+A stale report is not an error; a page that hides its age would be.
+
+A report is JSON:
+    meta       date, device, torch, transformers, cuda, bandwidth_gbs (measured read
+               bandwidth, GB/s), launch_us (one kernel launch's cost, or null),
+               weights (what they were: random in the real shapes), command,
+               engine_stamp (REPORT.stamp() when it ran), and optionally note
+    parity     [{shape, dtype, mode, identical, of, max_logprob_diff}]: greedy
+               continuations equal to transformers', and the largest difference
+               of a prompt's log-probabilities
+    decode     [{shape, weight_bytes, dtype, batch, mode, step_ms,
+               step_ms_includes_prefill, bound_ms, fraction_of_bound,
+               launches_per_step}]; mode is eager, graphs, compiled or
+               transformers; bound_ms is weight_bytes / bandwidth. A row may add
+               tok_s and step_ms_derived (how step_ms was worked out from tok/s)
+    notebooks  [{name, seconds, ok, error}]: each solution notebook run on the GPU
+A missing value (null, or no such row) is reported as missing: the sentences
+never fill it in.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import fingerprint
+from .stored import StoredReport
+
+DATA = Path(__file__).resolve().parent / "data"  # beside peers' copies: measurements, not engine code
+STORED = DATA / "gpu-2026-12-04-h200.json"
+MODES = ("eager", "compiled", "graphs", "transformers")  # the table's order
+MODE_NAMES = {"eager": "tinyinfer eager", "compiled": "tinyinfer compiled (torch.compile, no graphs)",
+              "graphs": "tinyinfer with CUDA graphs", "transformers": "transformers eager",
+              "eager_cudnn": "tinyinfer eager, cuDNN attention allowed",
+              "compiled_graphs": "tinyinfer compiled, recorded as CUDA graphs"}
+SHAPE_NAMES = {"135m": "135M", "1.7b": "1.7B"}
+# A step whose launching alone would take at least this share of its time is
+# called launch-bound: the GPU then waits on the CPU more than it works.
+LAUNCH_BOUND_SHARE = 0.5
+
+
+# ------------------------------------------------------------------ the engine that ran it
+
+
+def engine_modules(root: Path = fingerprint.ROOT) -> list[str]:
+    """The modules an `LLM` runs (the engine the GPU check measures), not the server."""
+    return fingerprint.closure(["tinyinfer.llm"], root)
+
+
+TODAY_COMMAND = "python benchmarks/gpu_check.py engine"  # docs/benchmarks.md, "On a GPU"
+# Today's engine is measured by today's GPU check, whatever script made a report.
+REPORT = StoredReport("a GPU report", STORED, engine_modules, env_var="TINYINFER_GPU_REPORT", program="`LLM`",
+                      remeasure=f"`{TODAY_COMMAND}` on a CUDA GPU measures today's", keys=("meta",),
+                      made_by="the GPU check writes one")
+
+
+def engine_note(report: dict, today: dict | None = None) -> str:
+    """REPORT.note (the same wording as the peers reports'), and for a report without a
+    fingerprint but with a commit, what git says changed since (changed_since)."""
+    note = REPORT.note(report, today)
+    stamp = report["meta"].get("engine_stamp") or {}
+    if stamp.get("engine_fingerprint", "unknown") == "unknown":
+        moved = changed_since(stamp.get("engine_commit", "unknown"))
+        if moved:
+            listed = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+            note += (f" Git can tell from the commit: since then, {len(moved)} of the modules `LLM` runs have changed "
+                     f"({listed}), so these rows show an engine older than today's.")
+        elif moved == []:
+            note += " Git finds none of the modules `LLM` runs changed since that commit."
+    return note
+
+
+def changed_since(commit: str, root: Path = fingerprint.ROOT) -> list[str] | None:
+    """The modules of engine_modules() whose files differ from `commit`'s ('model_runner',
+    ...), or None when git cannot tell (no checkout, a shallow clone without that commit)."""
+    if not commit or commit == "unknown":
+        return None
+    files = fingerprint.package_modules(root)
+    names = {files[name].relative_to(root).as_posix(): name for name in engine_modules(root)}
+    out = fingerprint._git(root, "diff", "--name-only", "--relative", commit.split("+")[0], "--", *names)
+    if out is None:
+        return None
+    return sorted(names[path].removeprefix("tinyinfer.")
+                  for path in out.splitlines() if path in names)
+
+
+def load(path: str | Path | None = None) -> dict:
+    """REPORT.load, with an empty list for each section a run skipped."""
+    report = REPORT.load(path)
+    for key in ("parity", "decode", "notebooks"):
+        report.setdefault(key, [])
+    return report
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def _num(value, fmt: str, missing: str = "not measured") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def _shape(row: dict) -> str:
+    return SHAPE_NAMES.get(row.get("shape"), str(row.get("shape")))
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f} ms" if value < 1 else f"{value:.1f} ms"
+
+
+def _step(ms: float) -> str:
+    return f"{ms:.2f} ms" if ms < 1 else f"{ms:.1f} ms"
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction:.1%}" if fraction < 0.095 else f"{fraction:.0%}"
+
+
+def header(report: dict) -> str:
+    m = report["meta"]
+    where = (f"stored copy: tinyinfer_course/reports/data/{Path(report['source']).name}" if report.get("stored")
+             else f"a saved run: {report.get('source', '?')}")
+    versions = ", ".join(f"{name} {m[key]}" for name, key in (("torch", "torch"), ("CUDA", "cuda"),
+                                                              ("transformers", "transformers")) if m.get(key))
+    lines = [f"{m.get('device', 'unknown GPU')}, {versions or 'versions unknown'}, {m.get('date', 'no date')} "
+             f"({where})",
+             f"Measured read bandwidth: {_num(m.get('bandwidth_gbs'), ',.0f')} GB/s; one kernel launch: "
+             + (f"{m['launch_us']:.1f} µs." if m.get("launch_us") is not None else "not measured."),
+             f"Weights: {m.get('weights', 'not stated')}. Command: `{m.get('command', 'not stated')}`."]
+    if m.get("note"):
+        lines.append(f"Note: {m['note']}")
+    lines.append(engine_note(report))
+    return "  \n".join(lines)
+
+
+def parity_table(report: dict) -> str:
+    rows = report["parity"]
+    if not rows:
+        return "No parity rows in this report."
+    out = ["| shape | dtype, mode | continuations identical to transformers' | prompt log-probs, max difference |",
+           "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {_shape(r)} | {r.get('dtype')}, {r.get('mode')} | {r.get('identical')} of {r.get('of')} | "
+                   f"{_num(r.get('max_logprob_diff'), '.2g')} |")
+    return "\n".join(out)
+
+
+def _sorted(rows: list[dict]) -> list[dict]:
+    order = {m: i for i, m in enumerate(MODES)}
+    return sorted(rows, key=lambda r: (r.get("weight_bytes") or 0, r.get("batch", 0), order.get(r.get("mode"), 9)))
+
+
+def decode_table(report: dict) -> str:
+    rows = report["decode"]
+    if not rows:
+        return "No decode rows in this report."
+    out = ["| shape, weights | batch | engine | ms per step | bound | % of bound | kernel launches per step |",
+           "|---|---|---|---|---|---|---|"]
+    for r in _sorted(rows):
+        marks = ("¹" if r.get("step_ms_includes_prefill") else "") + ("²" if r.get("step_ms_derived") else "")
+        step = f"{_step(r['step_ms'])[:-3]}{marks}" if r.get("step_ms") is not None else "not measured"
+        bound = _ms(r["bound_ms"]) if r.get("bound_ms") is not None else "not known"
+        frac = _pct(r["fraction_of_bound"]) if r.get("fraction_of_bound") is not None else "not known"
+        weights = f"{r['weight_bytes'] / 1e9:.2f} GB {r.get('dtype', '')}" if r.get("weight_bytes") else "?"
+        out.append(f"| {_shape(r)}, {weights} | {r.get('batch')} | {MODE_NAMES.get(r.get('mode'), r.get('mode'))} "
+                   f"| {step} | {bound} | {frac} | {_num(r.get('launches_per_step'), ',d')} |")
+    notes = []
+    if any(r.get("step_ms_includes_prefill") for r in rows):
+        notes.append("¹ includes the prompt's prefill, spread over the new tokens (a user's ms per token), so a "
+                     "decode step alone is shorter and its share of the bound higher.")
+    if any(r.get("step_ms_derived") for r in rows):
+        derived = next(r["step_ms_derived"] for r in rows if r.get("step_ms_derived"))
+        notes.append(f"² worked out from tokens per second: {derived}.")
+    return "\n".join(out) + ("\n\n" + "  \n".join(notes) if notes else "")
+
+
+# ------------------------------------------------------------------ the sentences
+
+
+def _rows(report: dict, **match) -> list[dict]:
+    return [r for r in report["decode"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _best(rows: list[dict]) -> dict | None:
+    timed = [r for r in rows if r.get("step_ms") is not None]
+    return min(timed, key=lambda r: r["step_ms"]) if timed else None
+
+
+def _shapes(report: dict) -> list[str]:
+    """The shapes of the decode rows, smallest first."""
+    return list(dict.fromkeys(r["shape"] for r in _sorted(report["decode"])))
+
+
+def bound_sentence(report: dict) -> str:
+    """Each shape's best batch-1 step without graphs, and with them, against its bound."""
+    parts = []
+    for shape in _shapes(report):
+        without = _best([r for r in _rows(report, shape=shape, batch=1) if r.get("mode") in ("eager", "compiled")])
+        graphs = _best(_rows(report, shape=shape, batch=1, mode="graphs"))
+        name = SHAPE_NAMES.get(shape, shape)
+        if without and without.get("bound_ms") is not None:
+            text = (f"Without CUDA graphs, the best batch-1 step of the {name} shape ({without['mode']}) took "
+                    f"{_step(without['step_ms'])}, {_pct(without['fraction_of_bound'])} of the bound: reading its "
+                    f"{without['weight_bytes'] / 1e9:.2f} GB of weights at the measured bandwidth takes "
+                    f"{_ms(without['bound_ms'])}.")
+        elif without:
+            text = f"Without CUDA graphs, the best batch-1 step of the {name} shape took {_step(without['step_ms'])}."
+        else:
+            text = f"The {name} shape has no batch-1 row without CUDA graphs."
+        if graphs:
+            text += (f" With graphs it took {_step(graphs['step_ms'])}, "
+                     f"{_pct(graphs['fraction_of_bound'])} of the bound" if graphs.get("fraction_of_bound") is not None
+                     else f" With graphs it took {_step(graphs['step_ms'])}")
+            text += (f", {without['step_ms'] / graphs['step_ms']:.1f} times as fast." if without else ".")
+        else:
+            text += (" This report has no row with CUDA graphs for it, so how close graphs bring it is not "
+                     "measured here.")
+        parts.append(text)
+    if any(r.get("step_ms_includes_prefill") for r in report["decode"]):
+        parts.append("These step times include the prefill, so they overstate a decode step somewhat.")
+    return " ".join(parts)
+
+
+def size_sentence(report: dict) -> str:
+    """Whether the step grows with the bytes read: two shapes' best batch-1 steps without graphs."""
+    best = {}
+    for shape in _shapes(report):
+        row = _best([r for r in _rows(report, shape=shape, batch=1) if r.get("mode") in ("eager", "compiled")])
+        if row and row.get("weight_bytes"):
+            best[shape] = row
+    if len(best) < 2:
+        return ""
+    small = min(best.values(), key=lambda r: r["weight_bytes"])
+    large = max(best.values(), key=lambda r: r["weight_bytes"])
+    bytes_ratio, time_ratio = large["weight_bytes"] / small["weight_bytes"], large["step_ms"] / small["step_ms"]
+    text = (f"The {_shape(large)} shape reads {bytes_ratio:.1f} times the bytes of the {_shape(small)} shape, "
+            f"and its step took {time_ratio:.2f} times as long.")
+    if time_ratio < bytes_ratio ** 0.5:
+        text += (" A step that barely grows with its bytes is not waiting on memory: the GPU spends most of it "
+                 "idle, waiting for the CPU to launch the next kernel.")
+    return text
+
+
+def launch_sentence(report: dict) -> str:
+    """Launches per step, times one launch's cost, against the step: launch-bound or not."""
+    launch_us = report["meta"].get("launch_us")
+    counted = [r for r in report["decode"] if r.get("launches_per_step") is not None and r.get("step_ms")]
+    if not counted:
+        text = "This report counted no kernel launches per step"
+        return text + (", so whether its steps are launch-bound is inferred from their times, not counted."
+                       if launch_us is None else f" (one launch cost {launch_us:.1f} µs).")
+    parts = []
+    for r in _sorted(counted):
+        head = f"A {_shape(r)} batch-{r['batch']} step, {r['mode']}, launched {r['launches_per_step']:,} kernels"
+        if launch_us is None:
+            parts.append(head + "; the cost of one launch was not measured.")
+            continue
+        share = r["launches_per_step"] * launch_us / 1e3 / r["step_ms"]
+        verdict = "launch-bound" if share >= LAUNCH_BOUND_SHARE else "not launch-bound"
+        parts.append(f"{head}: at {launch_us:.1f} µs each that is {r['launches_per_step'] * launch_us / 1e3:.2f} ms "
+                     f"of launching in a {r['step_ms']:.2f} ms step ({share:.0%}), {verdict}.")
+    return " ".join(parts)
+
+
+def batch_sentence(report: dict) -> str:
+    """Batch 8 against batch 1, for each shape and mode that has both."""
+    parts = []
+    for r8 in _sorted(_rows(report, batch=8)):
+        r1 = next(iter(_rows(report, shape=r8["shape"], batch=1, mode=r8["mode"])), None)
+        if not r1 or r1.get("step_ms") is None or r8.get("step_ms") is None:
+            continue
+        parts.append(f"{_shape(r8)} {MODE_NAMES.get(r8['mode'], r8['mode'])}: {_step(r8['step_ms'])} at batch 8 "
+                     f"against {_step(r1['step_ms'])} at batch 1 ({r8['step_ms'] / r1['step_ms']:.2f} times, "
+                     "for 8 times the tokens)")
+    if not parts:
+        return ""
+    return "A batch of 8 shares each read of the weights: " + "; ".join(parts) + "."
+
+
+def notebook_sentence(report: dict) -> str:
+    books = report["notebooks"]
+    if not books:
+        return "This report holds no notebook runs on the GPU."
+    failed = [b["name"] for b in books if not b.get("ok")]
+    timed = [b for b in books if b.get("seconds") is not None]
+    text = f"{len(books) - len(failed)} of {len(books)} solution notebooks ran on the GPU without an error"
+    if timed:
+        slowest = max(timed, key=lambda b: b["seconds"])
+        text += (f", in {sum(b['seconds'] for b in timed) / 60:.1f} minutes in all (the longest, "
+                 f"{slowest['name']}, {slowest['seconds']:.0f} s)")
+    return text + (f"; failed: {', '.join(failed)}." if failed else ".")
+
+
+def explain(report: dict) -> str:
+    parts = [bound_sentence(report), size_sentence(report), launch_sentence(report), batch_sentence(report),
+             notebook_sentence(report)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def render(report: dict) -> str:
+    """The header, both tables and the sentences, as one Markdown text."""
+    return "\n\n".join([header(report), parity_table(report), decode_table(report), explain(report)])
