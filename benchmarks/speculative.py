@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
-from tinyinfer.speculative import SpeculativeDecoder  # noqa: E402
+from tinyinfer_course.speculative import SpeculativeDecoder  # noqa: E402
 
 PROMPTS = {
     # Code that repeats a pattern: prompt lookup can copy whole stretches.

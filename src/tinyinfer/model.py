@@ -209,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         lets the caller, who knows the positions as plain ints, pick cheaper
         attention paths; without it the general masked path is used.
         num_layers stops after the first num_layers layers, then applies the final
-        norm: speculative decoding's early-exit draft (speculative/drafts.py)."""
+        norm: speculative decoding's early-exit draft (tinyinfer_course/speculative/drafts.py)."""
         if meta is None:
             meta = general_metadata(positions, cache)
         x = self.model.embed_tokens(input_ids)

@@ -12,7 +12,7 @@ n=3 has three. The scheduler and the block manager work on sequences.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, PositionLogprobs, TokenIds
@@ -20,7 +20,6 @@ from .outputs import CompletionOutput, PositionLogprobs, TokenIds
 if TYPE_CHECKING:
     import torch
 
-    from .request import Request
     from .sampler import SamplingState
     from .sampling import SamplingParams
 
@@ -44,8 +43,17 @@ class SequenceStatus(enum.Enum):
 _FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH_CAPPED, SequenceStatus.FINISHED_ABORTED}
 
 
+class RequestLike(Protocol):
+    """What a sequence reads from its request (request.Request): the id, the
+    settings and the tokens that end a sample, which all its samples share."""
+
+    request_id: str
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+
+
 class Sequence:
-    def __init__(self, request: Request, index: int, prompt_token_ids: list[int], decode=None):
+    def __init__(self, request: RequestLike, index: int, prompt_token_ids: list[int], decode=None):
         self.request = request
         self.index = index  # which of the request's n parallel samples this is
         self.token_ids = list(prompt_token_ids)  # the prompt, then the output: the only token list

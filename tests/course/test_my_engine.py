@@ -13,9 +13,12 @@ from tinyinfer_course.labcheck.core import Case, run_check
 
 
 def _report(name, fn, make_cases, same=None, forbidden=(), keep=None):
-    """run_check, keeping `fn` itself under the piece name `keep` (as a lab's check does)."""
+    """run_check, keeping under the piece name `keep` either `fn` itself or, when keep
+    is a (name, object) pair, that object (as a check that wraps the learner's code does)."""
     kw = {} if same is None else {"same": same}
-    return run_check(name, fn, make_cases, forbidden=forbidden, keep=None if keep is None else (keep, fn), **kw)
+    if isinstance(keep, str):
+        keep = (keep, fn)
+    return run_check(name, fn, make_cases, forbidden=forbidden, keep=keep, **kw)
 
 
 def _cell(source: str, filename: str) -> dict:

@@ -70,3 +70,23 @@ def test_bf16_units_follow_the_flags_unless_onednn_is_capped_below_them():
     assert machine.bf16_units({}, {}) is None  # flags unknown
     facts = machine.facts()
     assert facts["cpu"] and facts["cores"] >= 1 and isinstance(facts["vector_units"], dict)
+
+
+def test_every_stored_stamp_fingerprints_the_modules_it_lists():
+    """A stamp's fingerprint is the hash of the module list beside it, so comparing it with
+    today's says truly whether the engine changed. Renaming modules in a stored stamp (as
+    the split into two packages did) must recompute it."""
+    from importlib import resources
+
+    from tinyinfer_course.fingerprint import fingerprint_of
+
+    checked = 0
+    for path in sorted(resources.files("tinyinfer_course.reports").joinpath("data").iterdir()):
+        if not path.name.endswith(".json"):
+            continue
+        meta = json.loads(path.read_text()).get("meta")
+        stamp = meta.get("engine_stamp") if isinstance(meta, dict) else None
+        if stamp and stamp.get("engine_fingerprint") != "unknown":
+            assert fingerprint_of(stamp["engine_modules"]) == stamp["engine_fingerprint"], path.name
+            checked += 1
+    assert checked >= 5

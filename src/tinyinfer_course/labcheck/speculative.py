@@ -1,7 +1,7 @@
 """Lab 9 (speculative decoding): the accept/reject step of speculative decoding.
 
 The learner writes fn(target_probs, draft_probs, draft_tokens, generator) ->
-(tokens, num_accepted), the contract of tinyinfer.speculative.accept_draft_tokens.
+(tokens, num_accepted), the contract of tinyinfer_course.speculative.accept_draft_tokens.
 Two kinds of cases check it:
 
 - exact ones, where the rule leaves nothing to chance: a one-hot target (greedy
@@ -18,8 +18,8 @@ import operator
 
 import torch
 
-from tinyinfer.speculative import accept_draft_tokens as reference_accept_draft_tokens
-from tinyinfer.speculative import verify
+from tinyinfer_course.speculative import accept_draft_tokens as reference_accept_draft_tokens
+from tinyinfer_course.speculative import verify
 from .core import Case, run_check
 from .registry import Lab
 
@@ -174,7 +174,7 @@ def check_accept_draft_tokens(fn) -> bool:
             return _run_identical(fn, *args)
         return _run_distribution(fn, kind, *args)
 
-    # labcheck's reference is the engine's own function (tinyinfer.speculative.verify).
+    # labcheck's reference is the engine's own function (tinyinfer_course.speculative.verify).
     return run_check("accept_draft_tokens", run, _cases, same=_same,
                      forbidden=(reference_accept_draft_tokens, verify.accept_draft_tokens))
 

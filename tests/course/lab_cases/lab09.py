@@ -7,7 +7,7 @@ case and are caught only by the distribution test."""
 import torch
 
 from tinyinfer_course import labcheck
-from tinyinfer import speculative
+from tinyinfer_course import speculative
 
 
 def _one_hot(x, like):

@@ -1,4 +1,4 @@
-"""Speculative decoding (tinyinfer.speculative).
+"""Speculative decoding (tinyinfer_course.speculative).
 
 The rejection rule is checked statistically on a small vocabulary, against the
 target distribution it promises to reproduce; the decoder is checked against
@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
 
 from tinyinfer import SamplingParams
-from tinyinfer.speculative import SpeculativeDecoder, accept_draft_tokens
+from tinyinfer_course.speculative import SpeculativeDecoder, accept_draft_tokens
 # Target p and draft q rows for k=3 drafted positions (+1 for the bonus token):
 # the same ones lab 9's check uses.
 from tinyinfer_course.labcheck.speculative import P, Q  # noqa: E402

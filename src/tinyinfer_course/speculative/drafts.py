@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..forward import forward_tokens, new_cache
-from ..kv_cache import KVCache
-from ..sampling import SamplingParams, draw, processed_probs
+from tinyinfer.forward import forward_tokens, new_cache
+from tinyinfer.kv_cache import KVCache
+from tinyinfer.sampling import SamplingParams, draw, processed_probs
 
 
 class NgramDraft:

@@ -28,7 +28,7 @@ import operator
 
 import torch
 
-from ..sampling import draw
+from tinyinfer.sampling import draw
 
 
 def accept_draft_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: list[int],

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_choice, check_context_window, check_prompt_ids, is_int, require
-from ..forward import forward_tokens, new_cache
-from ..kv_cache import KVCache
-from ..request import Request
-from ..sampler import Sampler
-from ..sampling import SamplingParams, processed_probs
-from ..sequence import Sequence
-from ..tokenizer import Tokenizer
+from tinyinfer.checks import check_choice, check_context_window, check_prompt_ids, is_int, require
+from tinyinfer.forward import forward_tokens, new_cache
+from tinyinfer.kv_cache import KVCache
+from tinyinfer.request import Request
+from tinyinfer.sampler import Sampler
+from tinyinfer.sampling import SamplingParams, processed_probs
+from tinyinfer.sequence import Sequence
+from tinyinfer.tokenizer import Tokenizer
 from .drafts import LayerDraft, NgramDraft
 from .verify import accept_draft_tokens
 
