@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -60,15 +59,9 @@ from tinyinfer.bench import run_benchmark  # noqa: E402
 from tinyinfer_course.fleet import ReplicaConfig, StepCostModel, calibrate_steps, fit_steps, simulate, workload_from  # noqa: E402
 from tinyinfer.metrics import percentile  # noqa: E402
 from tinyinfer.server import build_app  # noqa: E402
-from tinyinfer.server.background import BackgroundServer  # noqa: E402
+from tinyinfer.server.background import BackgroundServer, free_port  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -27,18 +27,25 @@ from __future__ import annotations
 
 import torch
 
-SCALE_DTYPE = torch.float32
+SCALE_DTYPE = torch.float32  # config.KV_SCALE_BYTES counts its 4 bytes (test_kv_quant pins the two)
 QMAX = 127  # symmetric: -128 is never used, so -x quantizes to -q
 TINY = 1e-12  # the scale of an all-zero vector: any positive number gives q = 0
+
+
+def quantize_symmetric(x: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 along `dim`: (int8 like x, float32 scale with `dim` kept at
+    size 1), scale = max |x| / 127 over dim. The one rounding rule of the engine's
+    int8: the KV cache's vectors here, the weights' rows in quant.quantize_int8."""
+    x = x.float()
+    scale = (x.abs().amax(dim=dim, keepdim=True) / QMAX).clamp(min=TINY)
+    q = torch.round(x / scale).clamp(-QMAX, QMAX).to(torch.int8)
+    return q, scale
 
 
 def quantize_per_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., head_dim] -> (int8 [..., head_dim], float32 scale [..., 1]), one
     scale per vector (per token and KV head, for the pool's [slots, Hkv, D])."""
-    x = x.float()
-    scale = (x.abs().amax(dim=-1, keepdim=True) / QMAX).clamp(min=TINY)
-    q = torch.round(x / scale).clamp(-QMAX, QMAX).to(torch.int8)
-    return q, scale
+    return quantize_symmetric(x, dim=-1)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -41,10 +41,11 @@ def decode_step_guards(guards) -> list[bool]:
 
     A compiled graph holds only while the facts it was traced under hold: each
     module's type, hooks and attributes, each weight's dtype and shape, the
-    inputs' sizes. Dynamo checks them ("guards") before every call: about
-    5,000 for the default model's decode step, 2 ms of a 15 ms step on a
-    2-core CPU. The decoder layers are built alike and nothing changes them
-    after start-up, so layer 0's guards say what all 30 say. Keeping
+    inputs' sizes. Dynamo checks them ("guards") before every call: 4,405
+    for the default model's fp32 batch-1 decode step (counted 2026-12-07),
+    about 2 ms of a 15 ms step on a 2-core CPU. The decoder layers are built
+    alike and nothing changes them after start-up, so layer 0's guards say
+    what all 30 say. Keeping
     everything else (the embedding, the final norm, the number of layers,
     global state, and the step's own inputs: batch size, mask or none) still
     tells batch 1 from a batch, and one model from another in the same

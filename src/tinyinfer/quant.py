@@ -44,10 +44,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The choices are checked in config.py (before anything loads); their names stay importable from here.
+# The choices are checked in config.py, before anything loads.
 from .config import QUANT_METHODS, check_quantization
 from .cpu_linear import (UPCAST_DTYPES, UPCAST_MIN_ROWS, PackedModule, bump_generation, pack_weight, packable,
                          packed_linear, plain_linear, wants_grad)
+from .kv_quant import quantize_symmetric
 
 # The nn.Linear modules inside each decoder layer (model.model.layers[i]).
 LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -85,11 +86,10 @@ KERNEL_MAX_ROWS = {("int4", torch.bfloat16): 64, ("int4", torch.float16): 64,
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row INT8: returns q (int8 [out, in]) and scale (fp32 [out]).
 
-    -128 is left unused so the grid is symmetric: +x and -x round the same way."""
-    w = w.float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # clamp: an all-zero row must not divide by 0
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale
+    -128 is left unused so the grid is symmetric: +x and -x round the same way.
+    The rounding is the KV cache's (kv_quant.quantize_symmetric), along each row."""
+    q, scale = quantize_symmetric(w, dim=1)
+    return q, scale[:, 0]
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:

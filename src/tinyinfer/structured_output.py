@@ -21,8 +21,9 @@ Low-level Guidance, on PyPI), which vLLM also offers as a backend: it walks a
 prefix tree of the vocabulary against an Earley parser, in Rust, and computes
 a mask in well under a millisecond for the grammars here. It reads the same
 tokenizer.json as the engine, so the mask is over the course's own vocabulary.
-Lab 10 builds the slow, plain-Python mask for a list of choices, and compares
-it with this one.
+Lab 10 has you build a prefix tree of the vocabulary in plain Python for a
+list of choices, count its work against the scan's, and compare its rows
+with this mask's.
 
 The names follow vLLM: SamplingParams(structured_outputs=StructuredOutputsParams(
 json=..., regex=..., choice=..., grammar=..., json_object=...)), and on the

@@ -306,7 +306,7 @@ def stamp_note(stamp: dict, when: str, today: dict, program: str, rows: str, rem
     `today` today's, for the same set of modules; `program` names what runs that
     code ("`tinyinfer serve`"), `rows` the measurements it concerns ("the tinyinfer
     rows") and `remeasure` how to measure today's ("`make peers` measures today's").
-    Shared by every stored report a page renders (bench/peers.py, bench/gpu_report.py)."""
+    Shared by every stored report a page renders (reports/peers.py, reports/gpu.py)."""
     theirs = stamp.get("engine_fingerprint", "unknown")
     if theirs == "unknown":
         return (f"These rows were measured on {when} by a tinyinfer that left no engine fingerprint "

@@ -3,9 +3,15 @@
 1. Cross-references resolve: "chapter N" and "lab N" exist; a {doc} link named
    "chapter N" goes to chapter N; "chapter N's X section" names a heading of
    chapter N; "section N" and "exercise N" exist in the lab (or in "lab M");
-   and a reference that says what a lab section holds, or that a chapter or a
-   lab measures something, is listed in ANCHORS with a word the target must
-   contain (so "section 7 counts them" fails when section 6 does the counting).
+   and a reference that says what a lab section holds, or what a chapter or a
+   lab does, is listed in ANCHORS with a word the target must contain.
+   The claim's verb says where (section 1b): "measures" and "times" need a code
+   cell of the target that measures (reads the clock, runs the profiler, reads
+   the engine's timings, renders a stored report) and holds the word; "uses"
+   needs the word in the target's code; "counts", "prints" and "shows" need it
+   in the target. So "chapter 7 measures the time saved" fails when chapter 7
+   only counts the cached tokens. A glossary entry's "See chapter N" needs the
+   term in chapter N (section 1c).
 2. Each chapter's "Try it yourself" links its lab and names the lab's exercise
    functions (the cells tagged `exercise`, see scripts/make_labs.py), with the
    two exceptions stated in NO_TRY_IT_YOURSELF and LAB_WITHOUT_CHAPTER.
@@ -13,14 +19,27 @@
    that the next machine would contradict: it is glued from the page's own
    computation, or its sentence names the machine and a date, or it sets up a
    made-up case ("suppose ..."), or it is a cited figure in ALLOWED_LITERALS.
+   Nor is a rounded count of what the code counts ("some 5,000 checks"): it is
+   glued, or a cited fact in ALLOWED_COUNTS (section 3b).
 
 The prose is the chapters, intro.md, glossary.md, misconceptions.md,
 further-reading.md and the markdown cells of solutions/*.ipynb (the labs are
-generated from those). Code cells, the README and docstrings are out of scope.
+generated from those); the cross-references and the count lint read README.md
+too. Code cells and docstrings are out of scope.
 
-Set PROSE_ROOT to a folder holding a copy of those files (for example
-`git archive HEAD~3 chapters solutions intro.md glossary.md misconceptions.md
-further-reading.md | tar -x -C /tmp/old`) to run the same checks on older text.
+To run the same checks on older text, point them at a folder holding a copy of
+those files:
+
+    git archive a752feb chapters labs solutions intro.md glossary.md misconceptions.md \
+        further-reading.md README.md | tar -x -C /tmp/old
+    PROSE_ROOT=/tmp/old python -m pytest tests/book/test_prose.py
+    python tests/book/test_prose.py /tmp/old      # the same findings, listed by check
+
+An old sentence that today's ANCHORS no longer lists shows as an unchecked claim. To
+judge it by the word the old test anchored it to, name that test as well:
+
+    git show a752feb:tests/test_prose.py > /tmp/old_test_prose.py
+    python tests/book/test_prose.py /tmp/old /tmp/old_test_prose.py
 """
 from __future__ import annotations
 
@@ -100,6 +119,11 @@ def page_lines(path: Path) -> list[Line]:
 
 def all_prose() -> list[Path]:
     return chapter_paths() + [ROOT / p for p in BOOK_PAGES] + solution_paths()
+
+
+def claim_pages() -> list[Path]:
+    """The prose and the README: what the cross-references and the count lint read."""
+    return all_prose() + [p for p in [ROOT / "README.md"] if p.exists()]
 
 
 def _join_sentences(text: str) -> list[str]:
@@ -239,12 +263,12 @@ ANCHORS = [
     ("01-tokens.ipynb", "(section #) #", "rank"),  # "exercise 1 (section 3)" in the time line
     ("01-tokens.ipynb", "engine folder (section # explains how)", "my_engine"),
     ("01-tokens.ipynb", "Section # comes back to that", "<|im_end|>"),
-    ("01-tokens.ipynb", "early printing (section # uses it", "printing"),
+    ("01-tokens.ipynb", "early printing (section # uses it", "PROSE"),
     ("01-tokens.ipynb", "early printing from section #", "printing"),
     # lab 3
     ("03-sampling.ipynb", "probability printed in section #", "Paris"),
     ("03-sampling.ipynb", "table from section #", "Paris"),
-    ("03-sampling.ipynb", "slider in section #", "slider"),
+    ("03-sampling.ipynb", "slider in section #", "distribution_widget"),
     ("03-sampling.ipynb", "tail's share grows (section #)", "temperature"),
     ("03-sampling.ipynb", "two logits printed in section #", "logit"),
     ("03-sampling.ipynb", "the recipe of section #", "float64"),
@@ -270,9 +294,11 @@ ANCHORS = [
     # lab 7
     ("07-batching.ipynb", "(section # printed how much)", "reserved"),
     # lab 8
-    ("08-fleets.ipynb", "Sections # to # and # measure real servers", "tinyinfer"),
+    ("08-fleets.ipynb", "Sections # to # and # work with real servers", "tinyinfer"),
     ("08-fleets.ipynb", "Sections #, # and # are a simulation", "simulat"),
     ("08-fleets.ipynb", "Sections # and # were simulated", "simulat"),
+    # lab 9
+    ("09-toolbox.ipynb", "§# measures the ratio on yours", "pass_seconds"),
     # lab 10
     ("10-beyond-one-reply.ipynb", "the factor §# printed", "prefill"),
     # lab 11
@@ -280,34 +306,59 @@ ANCHORS = [
     ("11-your-engine.ipynb", "yours gets one in section #", "PrefixCache"),
     ("11-your-engine.ipynb", "around its parts (for section #)", "spent"),
     ("11-your-engine.ipynb", "(the running total in float64, section # of lab #)", "float64"),
-    ("11-your-engine.ipynb", "Section # times each part", "spent"),
+    ("11-your-engine.ipynb", "Section # prints the time each part took", "spent"),
     ("11-your-engine.ipynb", "Section # says where your engine loses time", "spent"),
     ("11-your-engine.ipynb", "the ratio in section #'s table before", "tok/s"),
     ("11-your-engine.ipynb", "the stopwatch of section #", "def stopwatch"),
     ("11-your-engine.ipynb", "`paged_attention` of section #", "def paged_attention"),
     ("11-your-engine.ipynb", "(section # says how many per request and layer)", "per request and layer"),
-    # chapters and labs that claim to measure something
-    ("06-quantization.md", "chapter # <#-prefill-decode>` measured why", "bandwidth"),
-    ("06-quantization.md", "chapter # <#-prefill-decode>` measured both)", "bandwidth"),
-    ("09-toolbox.md", "as chapter # measured on this machine", "bandwidth"),
-    ("misconceptions.md", "{doc}`chapters/#-kv-cache`, measures the cache", "kv_bytes_per_token"),
-    ("misconceptions.md", "{doc}`chapters/#-batching`, measures the trade-off", "throughput"),
+    # chapters and labs that claim to measure, time, count, print, show or use something
+    ("06-quantization.md", "chapter # <#-prefill-decode>` measured why", "matmuls"),
+    ("06-quantization.md", "chapter # <#-prefill-decode>` times the kernels", "GB/s"),
+    ("09-toolbox.md", "as chapter # measured on this machine", "GB/s"),
+    ("09-toolbox.md", "({doc}`#-prefill-decode` measured why)", "matmuls"),
+    ("09-toolbox.md", "{doc}`#-quantization` measured perplexity", "perplexity"),
+    ("09-toolbox.md", "{doc}`#-quantization` measures both", "int4"),
+    ("09-toolbox.md", "{doc}`#-quantization` measures, on the machine that runs it", "int8"),
+    ("09-toolbox.md", "chapter # used, `forward_cost", "forward_cost"),
+    ("misconceptions.md", "{doc}`chapters/#-kv-cache`, times decoding with and without", "use_cache"),
+    ("misconceptions.md", "lab # measures it on the real engine", "throughput"),
     ("misconceptions.md", "chapter # also times INT8 and INT4", "int4"),
     ("misconceptions.md", "{doc}`chapters/#-quantization`, measures", "int4"),
+    ("misconceptions.md", "{doc}`chapters/#-tokens`, shows how byte-pair encoding", "byte-pair"),
+    ("misconceptions.md", "Chapter # shows the third rule", "end-of-turn"),
+    ("03-sampling.md", "as chapter # showed", "leading space"),
+    ("03-sampling.md", "Lab # uses it to make", "StructuredOutputsParams"),
     ("04-prefill-decode.md", "(lab # measures it on yours)", "batch_sizes"),
-    ("07-batching.md", "(lab # measures both on your machine)", "ridge_point"),
+    ("04-prefill-decode.md", "Labs #, # and # print a note", "gpu_notes"),
+    ("07-batching.md", "(lab # measures both on your machine)", "ridge point"),
     ("07-batching.md", "(lab # measures this on yours)", "batch_sizes"),
-    ("10-beyond-one-reply.md", "(lab # measures yours)", "ridge_point"),
-    ("05-kv-cache.ipynb", "lab # measured both", "ridge_point"),
-    ("07-batching.ipynb", "chapter # measures the", "prefix"),
+    ("07-batching.md", "Chapter # showed why", "memory-bound"),
+    ("07-batching.md", "the arithmetic of {doc}`chapter # <#-prefill-decode>` shows why", "arithmetic intensity"),
+    ("08-fleets.md", "chapter # and the misconceptions page all use", "tensor_parallel_step"),
+    ("08-fleets.md", "Chapter # showed that prefill and decode", "compute-bound"),
+    ("10-beyond-one-reply.md", "(lab # measures yours)", "ridge point"),
+    ("10-beyond-one-reply.md", "(lab # measures it)", "prefix_cache_hit_tokens"),
+    ("01-tokens.ipynb", "labs #, # and # then print", "gpu_notes"),
+    ("03-sampling.ipynb", "chapter # shows how a real engine avoids that work", "KV cache"),
+    ("05-kv-cache.ipynb", "lab # measured both", "prompt tokens per second"),
+    ("07-batching.ipynb", "chapter # counts the", "cached"),
+    ("07-batching.ipynb", "lab # measures the time", "time_to_first_tokens"),
     ("07-batching.ipynb", "the one lab # printed for yours", "ridge_point"),
     ("08-fleets.ipynb", "(lab # printed yours)", "ridge_point"),
     ("09-toolbox.ipynb", "the one lab # printed on most CPUs", "ridge_point"),
     ("09-toolbox.md", "lab # times one such pass", "pass_seconds"),
-    ("10-beyond-one-reply.ipynb", "lab # measured yours", "ridge_point"),
+    ("10-beyond-one-reply.ipynb", "lab # measured yours", "ridge point"),
+    ("README.md", "what labs #, # and # print on a GPU", "gpu_notes"),
 ]
 
-CLAIM_VERBS = r"(?:measures?|measured|times|timed|counts?|counted|prints?|printed)"
+CLAIM_VERBS = r"(?:measures?|measured|times|timed|counts?|counted|prints?|printed|uses?|used|shows?|showed|shown)"
+# "chapter 7 measures ...", "labs 4, 7 and 11 print ...", "{doc}`06-quantization` measures ...",
+# "Chapter 5, {doc}`chapters/05-kv-cache`, measures ...": a target, then (within a clause) its verb.
+CLAIM = re.compile(
+    r"\b(?P<kind>[Cc]hapter|[Ll]ab)s?\s+(?P<nums>\d+[a-z]?(?:(?:\s*,\s*|\s+(?:and|or|to)\s+|\s*[-–]\s*)\d+[a-z]?)*)"
+    r"[^.;,()]{0,40}?\b(?P<verb>" + CLAIM_VERBS + r")\b"
+    r"|\{doc\}`(?:[^`<]*<)?(?:\.\./)?(?:chapters/)?(?P<doc>\d\d)-[\w-]+>?`,?\s+(?P<docverb>" + CLAIM_VERBS + r")\b")
 
 
 def _masked(sentence: str) -> str:
@@ -356,13 +407,169 @@ def _numbers(spec: str) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------- 1b. what a claim's verb needs
+#
+# A claim names a target ("chapter 7", "lab 4", "section 5", "{doc}`06-quantization`") and a
+# verb, and the verb says what the target must *do*, not only what it must mention:
+#   measures, times          a code cell of the target measures (below) and holds the anchor;
+#   uses                     the target's code holds the anchor;
+#   counts, prints, shows    the target holds the anchor (a chapter's code for counts and
+#                            prints, its whole text for shows; a lab's cells and outputs).
+# So "chapter 7 measures the time saved" fails when chapter 7 only counts the cached tokens.
+#
+# A code cell measures when it reads the clock (time.perf_counter; time.monotonic, the clock
+# of deadlines, does not count), runs torch's profiler, reads a request's metrics (the
+# engine's clock), calls one of the course's functions that time something or pool the
+# engine's timings (MEASURING_CALLS, each checked to exist), calls a function its own page
+# defines that does (directly or through another), runs `tinyinfer bench`, or renders a
+# stored report (a measurement made elsewhere, shown with its machine and stamp).
+
+MEASURING_CALLS = ("perf_counter", "time.time", "timeit", "profile", "best_time", "summarize", "replay",
+                   "measure_bandwidth", "measure_matmul_flops", "Roofline.measure", "time_allreduce",
+                   "measure_policy", "run_benchmark", "calibrate_steps", "reference_time_step")
+MEASURING = re.compile(r"(?<![\w.])(?:\w+\.)*(?:" + "|".join(re.escape(c) for c in MEASURING_CALLS) + r")\s*\("
+                       r"|\.metrics\b(?!\s+import)"  # a RequestOutput's metrics: the engine's clock, read for each token
+                       r"|^\s*%%?timeit\b|^\s*!\s*tinyinfer bench\b|\btinyinfer_course\.reports\b", re.M)
+
+
+# Claims whose verb is right although the target's code does not show it, each with why.
+VERB_EXCEPTIONS = [
+    ("09-toolbox.md", "{doc}`06-quantization` measured perplexity",
+     "chapter 6 prints the perplexities as a table that benchmarks/quant.py measured, naming the machine and "
+     "the date: scoring every format takes minutes, too long for the page's own build"),
+]
+
+
+def verb_excepted(path: Path, flat: str) -> bool:
+    return any(path.name == name and piece in flat for name, piece, _ in VERB_EXCEPTIONS)
+
+
+@dataclass
+class Target:
+    """What a claim points at: a chapter, a lab, or sections of a lab."""
+
+    name: str  # "chapter 7", "lab 4", "lab 6's section 7"
+    code: list[tuple[str, str]]  # each code cell: (its source, its source and printed output)
+    text: str  # everything it shows: prose, code and outputs
+    timers: frozenset[str]  # the functions its page defines that measure
+
+    def measuring_cells(self) -> list[str]:
+        return [shown for source, shown in self.code if cell_measures(source, self.timers)]
+
+
+def cell_measures(source: str, timers: frozenset[str] = frozenset()) -> bool:
+    return bool(MEASURING.search(source) or any(re.search(rf"(?<![\w.]){t}\s*\(", source) for t in timers))
+
+
+def _python(source: str) -> str:
+    """A code cell's source as plain Python: shell (!) and magic (%) lines and MyST
+    option lines (:tags: ...) become `pass`, so that ast can read the rest."""
+    return "\n".join(re.sub(r"^(\s*)(?:[!%]|:\w[\w-]*:).*", r"\1pass", line) for line in source.splitlines())
+
+
+def page_timers(sources: list[str]) -> frozenset[str]:
+    """The functions a page defines whose body measures, directly or by calling another one,
+    and the names it gives them (`timer = time_step if ok else labcheck.reference_time_step`)."""
+    import ast
+
+    bodies, aliases = {}, {}
+    for source in sources:
+        try:
+            tree = ast.parse(_python(source))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                bodies[node.name] = ast.get_source_segment(_python(source), node) or ""
+            elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                  and isinstance(node.value, (ast.Name, ast.Attribute, ast.IfExp))):  # a function by another name
+                values = [node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp) else [node.value]
+                aliases[node.targets[0].id] = {v.id if isinstance(v, ast.Name) else v.attr for v in values
+                                               if isinstance(v, (ast.Name, ast.Attribute))}
+    calls = {c.rsplit(".", 1)[-1] for c in MEASURING_CALLS}
+    timers: set[str] = set()
+    while True:
+        more = {name for name, body in bodies.items() if name not in timers and cell_measures(body, frozenset(timers))}
+        more |= {name for name, named in aliases.items() if name not in timers and named & (timers | calls)}
+        if not more:
+            return frozenset(timers)
+        timers |= more
+
+
+def chapter_code_cells(path: Path) -> list[str]:
+    cells, current = [], None
+    for line in path.read_text().splitlines():
+        if current is None and line.startswith("```{code-cell}"):
+            current = []
+        elif current is not None and line.startswith("```"):
+            cells.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return cells
+
+
+def chapter_target(number: int) -> Target | None:
+    path = chapter_files().get(number)
+    if path is None:
+        return None
+    code = chapter_code_cells(path)
+    return Target(f"chapter {number}", [(c, c) for c in code], path.read_text(), page_timers(code))
+
+
+def _lab_cells(path: Path, sections: list[int] | None = None) -> list:
+    """The lab's cells, or those of the numbered sections (see lab_sections)."""
+    if sections is None:
+        return list(notebook(path).cells)
+    out, current = [], None
+    for cell in notebook(path).cells:
+        if cell.cell_type == "markdown":
+            m = re.search(r"^## (\d+)\. (.+)$", cell.source, re.M)
+            if m:
+                current = int(m.group(1))
+            elif re.search(r"^## ", cell.source, re.M):
+                current = None
+        if current in sections:
+            out.append(cell)
+    return out
+
+
+def lab_target(lab: str, sections: list[int] | None = None) -> Target | None:
+    path = lab_files().get(lab)
+    if path is None:
+        return None
+    code = [(c.source, cell_text(c)) for c in _lab_cells(path, sections) if c.cell_type == "code"]
+    timers = page_timers([c.source for c in notebook(path).cells if c.cell_type == "code"])
+    name = f"lab {lab}" if sections is None else f"lab {lab}'s section {', '.join(map(str, sections))}"
+    return Target(name, code, "\n".join(cell_text(c) for c in _lab_cells(path, sections)), timers)
+
+
+def verb_problem(target: Target, verb: str, anchor: str) -> str | None:
+    """Why the target does not do what the verb says about the anchor (None: it does)."""
+    if re.match(r"(?i)measur|tim", verb):
+        cells = target.measuring_cells()
+        if not cells:
+            return (f"{target.name} measures nothing (no code cell reads the clock or renders a stored report): "
+                    "say what it does (counts, computes, shows) or point at what measures it")
+        if not any(holds(cell, anchor) for cell in cells):
+            return f"{target.name} measures, but none of its measuring cells holds {anchor!r}"
+        return None
+    if re.match(r"(?i)use", verb):
+        return None if any(holds(source, anchor) for source, _ in target.code) else \
+            f"{target.name}'s code does not use {anchor!r}"
+    if target.name.startswith("chapter") and not re.match(r"(?i)show", verb):
+        text = "\n".join(source for source, _ in target.code)  # "chapter N counts/prints": its code does
+        return None if holds(text, anchor) else f"{target.name}'s code does not hold {anchor!r}"
+    return None if holds(target.text, anchor) else f"{target.name} does not hold {anchor!r}"
+
+
 def reference_problems() -> list[str]:
     """Every reference in the prose that does not resolve, with where it is and why."""
     chapters = chapter_files()
     labs = lab_files()
     chapter_heads = {n: [normal(h) for h in headings_of_page(p)] for n, p in chapters.items()}
     problems = []
-    for path in all_prose():
+    for path in claim_pages():
         is_lab = path.suffix == ".ipynb"
         own_lab = re.match(r"0*(\d+[a-z]?)", path.name).group(1) if is_lab else None
         for line, sentence, paragraph in paragraph_sentences(page_lines(path)):
@@ -424,6 +631,15 @@ def reference_problems() -> list[str]:
                     holders = [f"section {s.number}" for s in lab_sections(labs[lab]).values() if holds(s.text, entry[1])]
                     bad(m.group(0), f"lab {lab}'s section {m.group(1)} does not hold {entry[1]!r}"
                         + (f" ({', '.join(holders)} does)" if holders else ""))
+                    continue
+                # "section 5 times ...", "sections 1 to 6 measure ...": what the verb needs, in each section
+                verb = re.match(r"\s+(?:(?:also|then|again|all|both)\s+)?(" + CLAIM_VERBS + r")\b", flat[m.end():])
+                if verb:
+                    for n in _numbers(m.group(1)):
+                        why = None if verb_excepted(path, flat) else verb_problem(lab_target(lab, [int(n)]),
+                                                                                  verb.group(1), entry[1])
+                        if why:
+                            bad(m.group(0) + " " + verb.group(1), why)
             for m in re.finditer(r"\b[Ee]xercises?\s+" + NUMBER_LIST + r"(?: of lab (\d+[a-z]?))?", flat):
                 lab = m.group(2) or own_lab
                 if lab is None:
@@ -434,23 +650,24 @@ def reference_problems() -> list[str]:
                         bad(m.group(0), f"lab {lab} has {count} exercises")
             if re.search(r"\bcells? \d", flat):
                 bad(re.search(r"\bcells? \d+", flat).group(0), "cell numbers change: name the section instead")
-            # "chapter N measures ...", "lab N measures yours": the thing must be in its code
-            for m in re.finditer(r"\b(?:[Cc]hapter|[Ll]ab) (\d+)[^.;,()]{0,40}?\b" + CLAIM_VERBS + r"\b"
-                                 + r"|\{doc\}`chapters/(\d+)[\w-]*`, " + CLAIM_VERBS + r"\b", flat):
+            # "chapter N measures ...", "lab N uses ...", "{doc}`06-quantization` measures ...": what the verb needs
+            for m in CLAIM.finditer(flat):
                 if re.search(r"\bsections? \d", m.group(0)):
                     continue
                 entry = _anchor_for(path, flat, m.start(), m.end())
                 if entry is None:
                     bad(m.group(0), "unchecked claim: add it to ANCHORS with what the chapter's code or the lab must contain")
                     continue
-                n = m.group(1) or m.group(2)
-                if m.group(0).lower().startswith("lab"):
-                    text = "\n".join(cell_text(c) for c in notebook(labs[n]).cells) if n in labs else ""
+                if m.group("doc"):
+                    targets, verb = [chapter_target(int(m.group("doc")))], m.group("docverb")
+                elif m.group("kind").lower() == "lab":
+                    targets, verb = [lab_target(n) for n in _numbers(m.group("nums"))], m.group("verb")
                 else:
-                    text = page_code(chapters[int(n)]) if int(n) in chapters else ""
-                if not holds(text, entry[1]):
-                    bad(m.group(0), f"{'lab' if m.group(0).lower().startswith('lab') else 'chapter'} {int(n)}"
-                        f"{'' if m.group(0).lower().startswith('lab') else chr(39) + 's code'} does not hold {entry[1]!r}")
+                    targets, verb = [chapter_target(int(n)) for n in _numbers(m.group("nums"))], m.group("verb")
+                for target in filter(None, targets):  # a missing chapter or lab is reported above
+                    why = None if verb_excepted(path, flat) else verb_problem(target, verb, entry[1])
+                    if why:
+                        bad(m.group(0), why)
     return problems
 
 
@@ -462,10 +679,111 @@ def test_cross_references_resolve():
 def test_anchor_list_has_no_dead_entries():
     """Every ANCHORS entry still matches a sentence (so the list cannot rot into a blanket pass)."""
     texts = {}
-    for path in all_prose():
+    for path in claim_pages():
         texts.setdefault(path.name, []).extend(_masked(s) for _, s, _ in paragraph_sentences(page_lines(path)))
     dead = [entry for entry in ANCHORS if not any(entry[1] in s for s in texts.get(entry[0], []))]
     assert not dead, "ANCHORS entries that match no sentence (remove or update them):\n" + "\n".join(map(repr, dead))
+
+
+def test_verb_exceptions_are_still_needed():
+    texts = {}
+    for path in claim_pages():
+        texts.setdefault(path.name, []).extend(" ".join(s.split()) for _, s, _ in paragraph_sentences(page_lines(path)))
+    dead = [e for e in VERB_EXCEPTIONS if not any(e[1] in s and CLAIM.search(s) for s in texts.get(e[0], []))]
+    assert not dead, "VERB_EXCEPTIONS entries that match no claim (remove them):\n" + "\n".join(map(repr, dead))
+
+
+def test_the_verb_check_can_fail():
+    """A target that only counts does not measure; one that measures must hold the anchor
+    in a measuring cell; a page's own timer counts; "uses" looks in the code."""
+    counts = Target("chapter 7", [("cached = bm.allocate(second, n)", "")], "prefix caching", frozenset())
+    assert "measures nothing" in verb_problem(counts, "measures", "prefix")
+    assert verb_problem(counts, "counts", "cached") is None
+    assert "does not use" in verb_problem(counts, "uses", "prefix")
+    cells = ["import time\ndef timed(f):\n    t = time.perf_counter()\n    f()\n    return time.perf_counter() - t",
+             "print(timed(lambda: bm.allocate(second, n)))", "print(roof.ridge_point)"]
+    timers = page_timers(cells)
+    assert timers == {"timed"}
+    page = Target("lab 7", [(c, c) for c in cells], "", timers)
+    assert verb_problem(page, "times", "bm.allocate") is None
+    assert "none of its measuring cells holds" in verb_problem(page, "measures", "ridge_point")
+    assert cell_measures("from tinyinfer_course.reports import peers") and not cell_measures("x = time.monotonic()")
+
+
+def test_measuring_calls_exist():
+    """Each name in MEASURING_CALLS is a function of the course's code (or the clock's)."""
+    src = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[2] / "src").rglob("*.py"))
+    missing = [c for c in MEASURING_CALLS if c not in ("perf_counter", "time.time", "timeit", "profile")
+               and not re.search(rf"\bdef {c.rsplit('.', 1)[-1]}\(", src)]
+    assert not missing, missing
+
+
+# ---------------------------------------------------------------- 1c. the glossary's "See chapter N"
+#
+# A glossary entry's "See {doc}`chapters/NN-...`" sends the reader to chapter NN for the term,
+# so chapter NN must use it: the term or one of its names (the entry's other headwords, the
+# parts of "Rejection (HTTP 429)"), in any case, a plural too, or a name in GLOSSARY_ALIASES.
+
+GLOSSARY_ALIASES = {
+    "Critical batch size": ("critical batch", "the chapters say 'the critical batch'"),
+    "Draft model": ("draft", "chapter 9's draft is a prompt lookup, not a model, and it says 'draft'"),
+    "OpenAI-compatible API": ("OpenAI-compatible", "chapter 8 says 'OpenAI-compatible server' and '... endpoint'"),
+    "Queueing": ("queue", "chapter 7's requests wait 'in the queue' for a batch slot or a free block"),
+}
+
+
+def glossary_entries(path: Path) -> list[tuple[list[str], str]]:
+    """(headwords, definition) of each entry of the page's {glossary} block."""
+    m = re.search(r"^```\{glossary\}\n(.*?)^```", path.read_text(), re.S | re.M)
+    entries = []
+    for line in (m.group(1) if m else "").splitlines():
+        if not line.strip() or line.startswith(":"):
+            continue
+        if not line.startswith(" "):
+            if not entries or entries[-1][1]:
+                entries.append(([], ""))
+            entries[-1][0].append(line.strip())
+        else:
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + line.strip())
+    return entries
+
+
+def glossary_problems() -> list[str]:
+    problems, chapters = [], chapter_files()
+    for terms, definition in glossary_entries(ROOT / "glossary.md"):
+        names = []
+        for term in terms:
+            names.append(term)
+            split = re.match(r"^(.*?)\s*\((.*)\)$", term)  # "Rejection (HTTP 429)": "Rejection", "HTTP 429"
+            names += list(split.groups()) if split else []
+        names += [GLOSSARY_ALIASES[t][0] for t in terms if t in GLOSSARY_ALIASES]
+        for m in re.finditer(r"\{doc\}`(?:[^`<]*<)?chapters/(\d+)[\w-]*>?`", definition):
+            n = int(m.group(1))
+            if n not in chapters:
+                continue  # reported by the cross-reference test
+            text = normal(chapters[n].read_text())
+            if not any(re.search(rf"\b{re.escape(normal(name))}(?:s|es)?\b", text) for name in names):
+                others = f" (nor {', '.join(map(repr, names[1:]))})" if names[1:] else ""
+                problems.append(f"glossary.md, {terms[0]!r}: see chapter {n}, which never uses the term{others}")
+    return problems
+
+
+def test_glossary_sends_readers_to_chapters_that_use_the_term():
+    problems = glossary_problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_glossary_aliases_are_still_needed():
+    entries = {t: d for terms, d in glossary_entries(ROOT / "glossary.md") for t in terms}
+    assert set(GLOSSARY_ALIASES) <= set(entries), set(GLOSSARY_ALIASES) - set(entries)
+    saved = dict(GLOSSARY_ALIASES)
+    try:
+        for term in saved:
+            del GLOSSARY_ALIASES[term]
+            assert any(repr(term) in p for p in glossary_problems()), f"GLOSSARY_ALIASES[{term!r}] is not needed"
+            GLOSSARY_ALIASES[term] = saved[term]
+    finally:
+        GLOSSARY_ALIASES.update(saved)
 
 
 # ---------------------------------------------------------------- 3. no measured literal in the prose
@@ -575,6 +893,94 @@ def test_the_literal_lint_can_fail():
     assert literal_hits("Two tensors of 9 × 8,192 values.") == []
 
 
+# ---------------------------------------------------------------- 3b. no counted literal in the prose
+#
+# "some 5,000 checks for this model": a count of something the course's code can count
+# (checks, tests, tokens, layers, kernels ...), written down once, rounded, and left to drift
+# from what the code does today. The lint flags a number of at least 100 after a qualifier
+# that says it was rounded (some, about, roughly, nearly, around, almost, over ...) and
+# before such a noun. An exact count is not flagged (most are settings of an example: "a
+# prompt of 2,000 tokens"), nor is a sentence that cites its source (Inference 101, a source
+# text, a link) or sets up a made-up case; a cited fact about a published model or tool goes
+# in ALLOWED_COUNTS with its source. A count the page computes is glued.
+
+COUNTED = (r"(?:checks|guards|tests|tokens|layers|parameters|weights|blocks|requests|lines|cells|kernels|launches"
+           r"|operations|operators|merges|steps|passes|positions|experts|heads|entries|calls|files|modules|functions"
+           r"|words|sequences|prompts|replies)")
+COUNT_LITERAL = re.compile(
+    r"\b(?:some|about|roughly|nearly|around|almost|approximately|over|more than|close to)\s+(?:~\s*)?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?:\s+(?P<scale>thousand|million|billion))?"
+    r"(?:\s+[\w-]+){0,2}?\s+" + COUNTED + r"\b|[~≈]\s*(?P<num2>\d{1,3}(?:,\d{3})+|\d+)(?:\s+[\w-]+){0,2}?\s+" + COUNTED + r"\b")
+CITES = re.compile(r"Inference 101|source texts?\b|rule of thumb|\]\(https?://")
+
+
+def count_hits(sentence: str) -> list[str]:
+    """Rounded counts (at least 100) of what the code counts, outside glue, code and maths."""
+    text = re.sub(r"\{(?:glue|eval)[^}]*\}`[^`]*`", " ", sentence)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\$[^$]*\$", " ", text)
+    hits = []
+    for m in COUNT_LITERAL.finditer(text):
+        value = float((m.group("num") or m.group("num2")).replace(",", ""))
+        if value >= 100 or m.group("scale"):
+            hits.append(m.group(0))
+    return hits
+
+
+def count_problems(allow) -> list[str]:
+    problems = []
+    for path in claim_pages():
+        for line, sentence, _ in paragraph_sentences(page_lines(path)):
+            flat = " ".join(sentence.split())
+            hits = count_hits(flat)
+            if not hits or CITES.search(flat) or HYPOTHETICAL.search(flat):
+                continue
+            if any(path.name == name and key in flat for name, key, _ in allow):
+                continue
+            problems.append(f"{line.where}: {', '.join(hits)} in: {flat[:160]}")
+    return problems
+
+
+# Rounded counts that are cited facts or the page's own settings. Each: (file, a piece of
+# the sentence, where the number comes from).
+ALLOWED_COUNTS = [
+    ("intro.md", "about 135 million parameters", "the model's published size, in its name (SmolLM2-135M)"),
+    ("01-tokens.ipynb", "about 100,000 merges", "cl100k_base's published size, in its name (its ranks file has 100,256)"),
+    ("01-tokens.ipynb", "(about 300 words)", "the passage's length, printed exactly (312) by the table in section 6"),
+    ("05-kv-cache.ipynb", "runs the whole prefix (over 512 tokens)", "the experiment's own setting: a context of 512"),
+    ("05-kv-cache.ipynb", "pushes over 500 tokens through the model", "the experiment's own setting: a context of 512"),
+    ("10-beyond-one-reply.md", "each turn adds about 100 tokens", "the assumption of a check-yourself question"),
+    ("10-beyond-one-reply.md", "computes only the new ~100 tokens", "the answer to that question, from its assumption"),
+]
+
+
+def test_no_counted_literal_in_the_prose():
+    """A rounded count of what the code counts is glued from the page's computation, or is a
+    cited fact or a setting listed in ALLOWED_COUNTS."""
+    problems = count_problems(ALLOWED_COUNTS)
+    assert not problems, (f"{len(problems)} sentences state a count the code can compute as a literal: glue it, "
+                          "or add a cited fact to ALLOWED_COUNTS with its source:\n" + "\n".join(problems))
+
+
+def test_allowed_counts_are_still_used():
+    used = {entry: False for entry in ALLOWED_COUNTS}
+    for path in claim_pages():
+        for _, sentence, _ in paragraph_sentences(page_lines(path)):
+            flat = " ".join(sentence.split())
+            for entry in ALLOWED_COUNTS:
+                if path.name == entry[0] and entry[1] in flat and count_hits(flat):
+                    used[entry] = True
+    dead = [entry for entry, ok in used.items() if not ok]
+    assert not dead, "ALLOWED_COUNTS entries that allow nothing any more (remove them):\n" + "\n".join(map(repr, dead))
+
+
+def test_the_count_lint_can_fail():
+    assert count_hits("PyTorch checks them, some 5,000 checks for this model.") == ["some 5,000 checks"]
+    assert count_hits("It ran about 1,374 tests, over 30 layers and roughly 2 million parameters.") == [
+        "about 1,374 tests", "roughly 2 million parameters"]
+    assert count_hits("A prompt of 2,000 tokens; about {glue:text}`n_checks:,` checks; `about 500 lines`.") == []
+
+
 # ---------------------------------------------------------------- 2. "Try it yourself" names the lab's exercises
 
 # A chapter without a "Try it yourself" section, and where its lab is introduced instead.
@@ -643,3 +1049,20 @@ def try_it_yourself_problems() -> list[str]:
 def test_try_it_yourself_names_the_labs_exercises():
     problems = try_it_yourself_problems()
     assert not problems, "\n".join(problems)
+
+
+if __name__ == "__main__":  # python tests/book/test_prose.py [FOLDER [OLD_TEST]]: every finding, by check
+    import ast
+    import sys
+
+    ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT
+    if len(sys.argv) > 2:  # an older copy of this file: its ANCHORS first, so old sentences keep their old anchors
+        old = next(n.value for n in ast.parse(Path(sys.argv[2]).read_text()).body if isinstance(n, ast.Assign)
+                   and getattr(n.targets[0], "id", None) == "ANCHORS")
+        ANCHORS[:0] = ast.literal_eval(old)
+    for title, found in [("cross-references and claims", reference_problems()),
+                         ("glossary", glossary_problems()),
+                         ("timing literals", literal_problems(ALLOWED_LITERALS)),
+                         ("counted literals", count_problems(ALLOWED_COUNTS)),
+                         ("try it yourself", try_it_yourself_problems())]:
+        print(f"== {title}: {len(found)}" + "".join("\n" + line for line in found))

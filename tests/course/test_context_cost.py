@@ -4,7 +4,7 @@ import pytest
 
 from tinyinfer import SamplingParams
 from tinyinfer_course.text.context import select_context, words
-from tinyinfer_course.analysis.cost import log_steps, token_costs
+from tinyinfer_course.analysis.cost import conversation_prefill_tokens, log_steps, token_costs
 
 
 def test_words_are_lower_case_distinct_and_without_stopwords():
@@ -39,3 +39,39 @@ def test_log_steps_on_the_real_engine(llm):
     assert sum(s["num_decode_tokens"] for s in steps) == 2 * 4  # 5 tokens each, the first from the prefill
     costs = token_costs(steps, 1.0)
     assert costs["input_tokens_per_s"] > 0 and costs["output_tokens_per_s"] > 0
+
+
+def test_conversation_prefill_tokens_without_and_with_the_prefix_cache():
+    # lab 10's stored conversation: prompts of 39, 71, 104 and 135 tokens, 16-token replies,
+    # found 0, 48, 80 and 112 tokens in the cache, so it computed 39, 23, 24 and 23
+    assert conversation_prefill_tokens([39, 71, 104, 135], [16] * 4) == [39, 23, 24, 23]
+    assert conversation_prefill_tokens([39, 71, 104, 135], [16] * 4, block_size=None) == [39, 71, 104, 135]
+    # chapter 10's problem 1: a 500-token system prompt, 100-token questions, 200-token replies, 20 turns
+    prompts = [500 + t * 300 + 100 for t in range(20)]
+    assert sum(conversation_prefill_tokens(prompts, [200] * 20, block_size=None)) == 69_000
+    computed = conversation_prefill_tokens(prompts, [200] * 20)
+    assert computed[0] == 600 and all(101 <= c <= 116 for c in computed[1:])  # question + 1 to 16 of tail
+    with pytest.raises(ValueError, match="block_size"):
+        conversation_prefill_tokens(prompts, [200] * 20, block_size=0)
+    with pytest.raises(ValueError, match="shorter"):
+        conversation_prefill_tokens([100, 50], [10])
+
+
+def test_conversation_prefill_tokens_is_what_the_engine_computes(tiny_dir):
+    """A conversation of token ids through the real engine and its prefix cache."""
+    from tinyinfer import LLM
+
+    llm = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
+    params = SamplingParams(max_tokens=11, temperature=0, ignore_eos=True)
+    ids, prompts, replies, computed = list(range(1000, 1037)), [], [], []
+    for turn in range(4):
+        ids = ids + list(range(2000 + 20 * turn, 2009 + 20 * turn))  # the new message, 9 tokens
+        hits = llm.llm_engine.stats.prefix_cache_hit_tokens
+        out = llm.generate({"prompt_token_ids": ids}, params)[0]
+        prompts.append(len(ids))
+        computed.append(len(ids) - (llm.llm_engine.stats.prefix_cache_hit_tokens - hits))
+        reply = list(out.outputs[0].token_ids)
+        replies.append(len(reply))
+        ids = ids + reply
+    assert computed == conversation_prefill_tokens(prompts, replies)
+    assert computed[1:] != [9, 9, 9]  # the tails were computed again, as the function says

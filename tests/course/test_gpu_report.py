@@ -156,3 +156,76 @@ def test_load_refuses_a_file_that_is_not_a_report(tmp_path):
     with pytest.raises(ValueError, match="not a GPU report"):
         gpu_report.load(path)
     assert copy.deepcopy(graphs_report())["meta"]["launch_us"] == 5.0
+
+
+# --- the sentences the chapter words: sizes, layers, graphs, the command ------------------
+
+def test_the_layer_counts_are_the_benchmarks_shapes():
+    import importlib.util
+    from pathlib import Path
+
+    from tinyinfer_course.analysis import memory
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_shapes", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_report.SHAPE_LAYERS == {k: gpu_check.SHAPES[k]["num_hidden_layers"] for k in gpu_report.SHAPE_LAYERS}
+    assert gpu_report.SHAPE_LAYERS["135m"] == memory.load_config("smollm2-135m-instruct").num_hidden_layers
+
+
+def test_a_larger_model_with_a_shorter_step_is_explained_by_its_layers():
+    text = gpu_report.size_sentence(gpu_report.load())  # the stored run: 1.7B 6.3 ms, 135M 7.3 ms
+    assert "yet its step was shorter: 0.86 times as long" in text and "barely grew" not in text
+    assert "24 layers against 30" in text and "about 0.80 times as many, against 0.86" in text
+    assert "launch-bound" in text
+
+
+def _two_shapes(ms_135m, ms_17b, layers=None):
+    report = graphs_report()
+    report["decode"] = [row("135m", 269_030_016, 1, "eager", ms_135m), row("1.7b", 3_422_752_768, 1, "eager", ms_17b)]
+    if layers:
+        for r, n in zip(report["decode"], layers):
+            r["layers"] = n
+    return report
+
+
+def test_the_size_sentence_follows_the_numbers(tmp_path):
+    grew = gpu_report.size_sentence(saved(tmp_path, _two_shapes(6.0, 9.0)))  # 1.5 times, under sqrt(12.7)
+    assert "only 1.50 times as long: it barely grew with its bytes" in grew and "shorter" not in grew
+    assert "It follows the number of kernels" not in grew  # 1.5 is far from 24/30
+    assert "(It has 24 layers against 30, so 0.80 times as many kernels per step; the step times do not" in grew
+    bytes_bound = gpu_report.size_sentence(saved(tmp_path, _two_shapes(1.0, 11.0)))
+    assert "the bytes set much of its pace" in bytes_bound and "launch-bound" not in bytes_bound
+    own = gpu_report.size_sentence(saved(tmp_path, _two_shapes(6.0, 5.0, layers=(12, 10))))  # a row's own count
+    assert "10 layers against 12" in own and "about 0.83 times as many" in own
+
+
+def test_the_graphs_sentence_says_what_the_run_measured(tmp_path):
+    stored = gpu_report.graphs_sentence(gpu_report.load())
+    assert stored.startswith("This run has no row with CUDA graphs and counted no kernel launches")
+    measured = gpu_report.graphs_sentence(saved(tmp_path, graphs_report()))
+    assert "no row with CUDA graphs" not in measured and "counted no kernel launches" not in measured
+    assert ("with tinyinfer with CUDA graphs the 135M batch-1 step took 0.50 ms against 6.0 ms eager, "
+            "12.0 times as fast") in measured
+    assert "counted the kernel launches of 5 of its 5 steps" in measured
+    no_counts = graphs_report()
+    for r in no_counts["decode"]:
+        r["launches_per_step"] = None
+    text = gpu_report.graphs_sentence(saved(tmp_path, no_counts))
+    assert text.startswith("This run measured CUDA graphs") and text.endswith("It counted no kernel launches.")
+
+
+def test_the_header_names_todays_script_when_the_report_was_made_by_another():
+    stored = gpu_report.header(gpu_report.load())
+    assert "`python benchmarks/cuda_check.py --tokenizer-dir FOLDER`, an earlier script than today's GPU check, " \
+           "`python benchmarks/gpu_check.py engine`." in stored
+    assert gpu_report.command_note("python benchmarks/gpu_check.py engine --out x") == \
+        "Command: `python benchmarks/gpu_check.py engine --out x`."
+    assert gpu_report.command_note(None) == "Command: not stated."
+
+
+def test_render_can_leave_a_sentence_to_the_page():
+    report = gpu_report.load()
+    assert "12.7 times the bytes" in gpu_report.render(report)
+    assert "12.7 times the bytes" not in gpu_report.render(report, skip=("size",))

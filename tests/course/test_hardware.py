@@ -147,18 +147,100 @@ def test_prefill_attention_is_causal():
     assert with_attn - no_attn == pytest.approx(per_pair * t * (t + 1) / 2)
 
 
-def test_predict_step_time_matches_the_roofline():
+def test_decode_step_time_takes_each_operation_on_its_own_roofline():
     roof = hw.Roofline(peak_flops=200e9, bandwidth=30e9)
-    # batch-1 decode of SmolLM2 in fp32 is memory-bound: bytes / bandwidth
-    t = hw.predict_step_time(SMOL, roof, batch=1, context=256, bytes_per_param=4)
+    # batch-1 decode of SmolLM2 in fp32: the products wait for the weights, attention for the cache
+    step = hw.decode_step_time(SMOL, roof, batch=1, context=256, bytes_per_param=4)
+    weight_bytes = SMOL.num_parameters() * 4  # tied: the embedding is the LM head
+    assert step.weights.memory_s == weight_bytes / 30e9 and step.weights.bound == "memory"
+    assert step.weights.compute_s == pytest.approx(2 * SMOL.num_parameters() / 200e9)
+    assert step.attention.memory_s == pytest.approx(257 * hw.kv_bytes_per_token(SMOL, 4) / 30e9)
+    assert step.attention.bound == "memory" and step.experts.seconds == 0
+    assert step.total == step.weights.seconds + step.attention.seconds
+    # the two operations together hold the whole step's FLOPs and bytes, as forward_cost counts them
     cost = hw.forward_cost(SMOL, 1, 1, 256, bytes_per_param=4)
-    assert t == cost.nbytes / 30e9
-    # a long prefill is compute-bound: flops / peak
-    t = hw.predict_step_time(SMOL, roof, new_tokens=2048, bytes_per_param=4)
-    assert t == hw.forward_cost(SMOL, new_tokens=2048, bytes_per_param=4).flops / 200e9
+    assert (step.weights.compute_s + step.attention.compute_s) * 200e9 == pytest.approx(cost.flops)
+    assert (step.weights.memory_s + step.attention.memory_s) * 30e9 == pytest.approx(cost.nbytes)
     # time per step never falls as the batch grows
-    times = [hw.predict_step_time(SMOL, roof, batch=b, context=512, bytes_per_param=4) for b in (1, 2, 4, 8, 64)]
+    times = [hw.decode_step_time(SMOL, roof, batch=b, context=512, bytes_per_param=4).total for b in (1, 2, 4, 8, 64)]
     assert times == sorted(times)
+    assert "weights" in str(step) and "attention" in str(step) and repr(step) == str(step)
+
+
+def test_decode_step_time_70b_at_batch_965_by_hand():
+    """The review's example: Llama 3 70B's shape on one H100, batch 965, context 1,024.
+    Products: 2 x 69.50e9 x 965 / 989e12 = 135.63 ms, compute-bound (the weights
+    take 41.50 ms to read). Attention: 965 x 1,025 x 327,680 B / 3.35e12 = 96.75 ms
+    of reads; its 2.62 ms of arithmetic hide under them. Step: 232.4 ms, where the
+    aggregate max(FLOPs, bytes) says 138.3 ms. (The review's 235 ms adds the 2.62 ms
+    of attention arithmetic on top of its reads.)"""
+    step = hw.decode_step_time(LLAMA3_70B, H100, batch=965, context=1024)
+    read = LLAMA3_70B.num_parameters() - LLAMA3_70B.vocab_size * LLAMA3_70B.hidden_size  # untied embedding
+    assert read == pytest.approx(69.50e9, rel=1e-3)
+    assert step.weights.compute_s == pytest.approx(2 * read * 965 / 989e12) == pytest.approx(0.13563, rel=1e-4)
+    assert step.weights.bound == "compute" and step.weights.memory_s == pytest.approx(0.04150, rel=1e-3)
+    assert step.attention.memory_s == pytest.approx(965 * 1025 * 327680 / 3.35e12) == pytest.approx(0.09675, rel=1e-4)
+    assert step.attention.compute_s == pytest.approx(0.002622, rel=1e-3) and step.attention.bound == "memory"
+    assert step.total == pytest.approx(0.2324, rel=1e-3)
+    assert step.total + step.attention.compute_s == pytest.approx(0.2350, rel=1e-3)
+    assert hw.forward_cost(LLAMA3_70B, 965, context=1024).time(H100) == pytest.approx(0.1383, rel=1e-3)
+
+
+def test_decode_step_time_eight_h100s_at_batch_324_by_hand():
+    """Chapter 7's problem 1: 8 H100s as one chip, batch 324, context 4,096. Products
+    5.69 ms of arithmetic against 5.19 ms of reads: compute-bound. Cache 16.23 ms.
+    Step 21.9 ms (the aggregate said 21.4 ms, memory-bound)."""
+    server = hw.Roofline(8 * 989e12, 8 * 3.35e12)
+    step = hw.decode_step_time(LLAMA3_70B, server, batch=324, context=4096)
+    assert step.weights.bound == "compute"
+    assert step.weights.compute_s == pytest.approx(5.69e-3, abs=5e-6)
+    assert step.weights.memory_s == pytest.approx(5.19e-3, abs=5e-6)
+    assert step.attention.memory_s == pytest.approx(16.23e-3, abs=5e-6)
+    assert step.total == pytest.approx(21.92e-3, abs=5e-6)
+    assert hw.forward_cost(LLAMA3_70B, 324, context=4096).time(server) == pytest.approx(21.4e-3, abs=5e-5)
+
+
+def test_the_products_critical_batch_does_not_move_with_the_context():
+    closed = hw.weights_critical_batch(H100, bytes_per_param=2)
+    assert closed == 296 == math.ceil(989 / 3.35)  # ridge x 2 bytes / 2
+    for context in (0, 1024, 8192, 32768):
+        bound = [hw.decode_step_time(LLAMA3_70B, H100, b, context).weights.bound for b in (closed - 1, closed)]
+        assert bound == ["memory", "compute"], context
+    # 8-bit weights with 16-bit arithmetic (W8A16) halve it; FP8 arithmetic doubles the peak too
+    assert hw.weights_critical_batch(H100, bytes_per_param=1) == 148
+    fp8 = hw.Roofline(1979e12, 3.35e12)
+    assert hw.weights_critical_batch(fp8, bytes_per_param=1) == 296
+    assert fp8.ridge_point / 2 == pytest.approx(295.4, abs=0.05)
+
+
+def test_decode_step_time_of_a_parameter_count_is_the_weights_roofline():
+    for batch, new_tokens in [(1, 1), (8, 1), (1000, 1), (1, 2000)]:
+        step = hw.decode_step_time(70e9, H100, batch, new_tokens=new_tokens)
+        assert step.total == pytest.approx(hw.forward_cost(70e9, batch, new_tokens).time(H100))
+    # with a cache given per token, the cache is its own memory-bound term
+    step = hw.decode_step_time(70e9, H100, 500, 1000, kv_token_bytes=327680)
+    assert step.total == pytest.approx(2 * 70e9 * 500 / 989e12 + 500 * 1001 * 327680 / 3.35e12)
+    for bad in ({"batch": 0}, {"context": -1}, {"new_tokens": 0}, {"batch": 2.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            hw.decode_step_time(70e9, H100, **bad)
+
+
+def test_largest_batch_within_a_step_target_is_one_division():
+    server = hw.Roofline(8 * 989e12, 8 * 3.35e12)
+
+    def search(target, context):
+        b = 0
+        while hw.decode_step_time(LLAMA3_70B, server, b + 1, context).total <= target:
+            b += 1
+        return b
+
+    for target, context in [(0.015, 2048), (0.008, 2048), (0.040, 512), (0.0052, 100)]:
+        assert hw.largest_batch_within(target, LLAMA3_70B, server, context) == search(target, context)
+    # 15 ms at 2,048 tokens: past B* = 296, each sequence adds its cache and its arithmetic
+    one = hw.decode_step_time(LLAMA3_70B, server, 1, 2048)
+    assert hw.largest_batch_within(0.015, LLAMA3_70B, server, 2048) == \
+        math.floor(0.015 / (one.attention.seconds + one.weights.compute_s)) == 351
+    assert hw.largest_batch_within(0.001, LLAMA3_70B, server, 2048) == 0  # the weights alone take 5.2 ms
 
 
 # --- a single matrix product -------------------------------------------------------

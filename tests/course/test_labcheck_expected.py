@@ -3,13 +3,15 @@ sources: lab 1's merge-step cases worked by hand, the hand-worked quantization c
 against tinyinfer.quant, and the answers the labs fall back to (each lab's
 declared fallbacks, which the checks refuse) against the checks themselves,
 with the refusal switched off."""
+import sys
+
 import pytest
 import torch
 
 from tinyinfer_course.text import bpe
 from tinyinfer_course import labcheck
 from tinyinfer import quant
-from tinyinfer_course.labcheck import quantization, registry, tokens, watch
+from tinyinfer_course.labcheck import beyond, quantization, registry, tokens, watch
 
 
 def test_hand_worked_merge_cases_agree_with_the_engine():
@@ -61,6 +63,33 @@ def test_constant_groups_get_code_zero_in_the_engine():
     assert zeros.float().tolist() == [[0.5, -0.25]] and bool((scales.float() <= 1e-7).all())
     q, scale = quant.quantize_int8(torch.zeros(2, 4))
     assert torch.equal(q, torch.zeros(2, 4, dtype=torch.int8)) and bool((scale <= 1e-7).all())
+
+
+def test_hand_worked_mask_rows_agree_with_the_scan():
+    """Lab 10's prefix-tree check takes its rows on the model's vocabulary from the
+    scan; here the scan meets the rows worked by hand, on the small vocabulary and
+    on the one grown by tokens that leave every choice at a digit (which must change
+    no row)."""
+    grown = beyond._grown_vocab()
+    assert grown[:len(beyond._VOCAB)] == beyond._VOCAB and len(grown) > 10 * len(beyond._VOCAB)
+    for k, (prefix, choices, want, note) in enumerate(beyond._MASK_CASES):
+        assert labcheck.scan_allowed_tokens(prefix, choices, beyond._VOCAB, 0) == want, note
+        if k in beyond._GROWN_ROWS:
+            assert labcheck.scan_allowed_tokens(prefix, choices, grown, 0) == want, note
+
+
+def test_count_lines_counts_work_not_time():
+    """A loop over n items runs at least n lines, whatever each costs; code in C none."""
+    def loop(n):
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    total, lines = labcheck.count_lines(loop, 1000)
+    assert total == 499500 and 2000 <= lines <= 2010  # a loop test and a body per item (the exact few: Python's)
+    assert labcheck.count_lines(sum, range(1000)) == (499500, 0)
+    assert sys.gettrace() is None  # the tracer is taken off
 
 
 # (a check, the course's own answer that its lab falls back to), from every lab's LAB.

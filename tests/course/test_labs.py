@@ -242,7 +242,8 @@ def test_every_check_has_wrong_implementations_a_reference_and_answers():
 # in the digits shown (issue 44 item 7). Unless what came back has nothing to locate.
 SAYS_WHERE = {"check_rope", "check_causal_gqa_attention", "check_tiled_attention", "check_update_kv_cache",
               "check_kv_cache", "check_generate", "check_quantize_int4", "check_run_agent", "check_paged_attention",
-              "check_grouped_paged_attention", "check_forward_pass", "check_your_engine", "check_prefix_cache"}
+              "check_grouped_paged_attention", "check_forward_pass", "check_your_engine", "check_prefix_cache",
+              "check_token_trie"}
 WHERE = re.compile(r"first difference|first differ|differs|visible_length|call\(s\) to attention|blocks by users"
                    r"|cached tokens per request|blocks in its table|autograd recorded|^    [\w ,']+: shape \[")
 NOTHING_TO_LOCATE = ("the whole score matrix", "{'stopped': ")

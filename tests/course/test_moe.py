@@ -4,6 +4,7 @@ import random
 import pytest
 import torch
 
+from tinyinfer_course.analysis.hardware import Roofline, critical_batch
 from tinyinfer_course.analysis.moe import MoELayer, MoEShape, expected_experts_touched, swiglu_expert_params
 
 
@@ -50,3 +51,49 @@ def test_moe_decode_reads_the_active_experts_at_batch_one_and_all_of_them_at_a_l
     assert mixtral.decode_cost(1).nbytes == pytest.approx(mixtral.active_params * 2)
     assert mixtral.decode_cost(10_000).nbytes == pytest.approx(mixtral.total_params * 2)
     assert mixtral.decode_cost(1).flops == 2 * mixtral.active_params
+
+
+H100 = Roofline(989e12, 3.35e12)
+MIXTRAL = MoEShape("Mixtral 8x7B", 8, 2, swiglu_expert_params(32, 4096, 14336),
+                   32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096) + 2 * 32000 * 4096)
+V3_EXPERT = swiglu_expert_params(58, 7168, 2048)
+DEEPSEEK_V3 = MoEShape("DeepSeek-V3", 256, 8, V3_EXPERT, 671e9 - 256 * V3_EXPERT)
+
+
+def test_each_expert_reaches_the_ridge_when_its_share_of_the_batch_does():
+    """B x k / E tokens per expert against the ridge (295.22 FLOP/byte, 2 bytes per
+    weight): Mixtral 295.22 x 8 / 2 = 1,180.9 -> 1,181; DeepSeek-V3 x 256 / 8 =
+    9,447.2 -> 9,448 (the review's 9,447 rounds the ridge to 295.2 first)."""
+    assert MIXTRAL.expert_critical_batch(H100) == 1181
+    assert DEEPSEEK_V3.expert_critical_batch(H100) == 9448
+    for shape in (MIXTRAL, DEEPSEEK_V3):
+        b = shape.expert_critical_batch(H100)
+        assert shape.decode_step_time(H100, b - 1).experts.bound == "memory"
+        assert shape.decode_step_time(H100, b).experts.bound == "compute"
+        # the whole step's aggregate reaches the ridge much sooner: only a loose lower bound
+        assert critical_batch(shape.decode_cost, H100) < b
+    assert critical_batch(MIXTRAL.decode_cost, H100) == 1071 and critical_batch(DEEPSEEK_V3.decode_cost, H100) == 5279
+
+
+def test_deepseek_v3_at_the_aggregate_critical_batch_by_hand():
+    """At B = 5,279 each expert sees 165 tokens: still memory-bound. Routed experts:
+    256 x 2.554e9 x 2 B / 3.35e12 = 390.4 ms; shared weights (671e9 - 653.91e9 =
+    17.09e9), compute-bound: 2 x 17.09e9 x 5,279 / 989e12 = 182.5 ms. Step 572.9 ms
+    (the review's 572 ms, from 17.07e9), where the aggregate says 400 ms."""
+    assert DEEPSEEK_V3.shared_params == pytest.approx(17.09e9, rel=1e-3)
+    step = DEEPSEEK_V3.decode_step_time(H100, 5279)
+    assert step.experts.bound == "memory" and step.weights.bound == "compute"
+    assert step.experts.memory_s == pytest.approx(256 * V3_EXPERT * 2 / 3.35e12, rel=1e-6)
+    assert step.experts.memory_s == pytest.approx(0.3904, rel=1e-3)
+    assert step.weights.compute_s == pytest.approx(0.1825, rel=1e-3)
+    assert step.total == pytest.approx(0.5729, rel=1e-3)
+    assert DEEPSEEK_V3.decode_cost(5279).time(H100) == pytest.approx(0.4006, rel=1e-3)
+    assert DEEPSEEK_V3.expert_cost(5279).intensity == pytest.approx(5279 * 8 / 256, rel=1e-6)  # 165 tokens each
+
+
+def test_moe_step_time_at_batch_one_reads_the_active_weights():
+    step = MIXTRAL.decode_step_time(H100, 1)
+    assert step.weights.memory_s + step.experts.memory_s == pytest.approx(MIXTRAL.active_params * 2 / 3.35e12)
+    assert step.total == pytest.approx(MIXTRAL.decode_cost(1).time(H100))  # all memory-bound: the two agree
+    with pytest.raises(ValueError, match="batch"):
+        MIXTRAL.decode_step_time(H100, 0)

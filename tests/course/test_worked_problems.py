@@ -84,3 +84,26 @@ def test_roofline_cost_model_reads_the_weights_once_per_step():
         (140e9 + 1000 * kv) / H100.bandwidth + 140e9 / H100.peak_flops)
     with pytest.raises(ValueError, match="params"):
         roofline_cost_model(0, H100)
+
+
+def test_mla_decode_attention_is_near_the_ridge():
+    """DeepSeek-V3 with absorbed projections: 128 heads share one cached vector of
+    512 + 64 numbers. Per cached token and layer, 128 x (2 x 576 + 2 x 512) = 278,528
+    FLOPs over 576 x 2 = 1,152 bytes: 241.8 FLOP/byte, whatever the batch or context."""
+    for batch, context in [(1, 0), (1, 8192), (64, 32768)]:
+        cost = hardware.mla_decode_attention_cost(128, 512, 64, 61, batch, context)
+        assert cost.intensity == pytest.approx(278528 / 1152) == pytest.approx(241.78, abs=0.01)
+        assert cost.nbytes == batch * (context + 1) * memory.mla_kv_bytes_per_token(61, 512, 64, 2)
+    assert hardware.mla_decode_attention_cost(128, 512, 64, 61).intensity < H100.ridge_point
+    assert hardware.decode_attention_cost(LLAMA_70B, 1, 8192).intensity == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("p, m, flushed, steady", [(4, 1, 3 / 4, 3 / 4), (4, 4, 3 / 7, 0.0), (4, 32, 3 / 35, 0.0),
+                                                  (4, 2, 3 / 5, 1 / 2), (1, 1, 0.0, 0.0), (8, 6, 7 / 13, 1 / 4)])
+def test_pipeline_bubble_of_one_flushed_pass_and_of_steady_decode(p, m, flushed, steady):
+    """Chapter 8's table: with 4 stages, one flushed pass of 1, 4 or 32 micro-batches
+    idles 75%, 43% and 9%; continuous decode with that many in flight idles 75%, 0%, 0%."""
+    assert hardware.pipeline_bubble(p, m) == pytest.approx(flushed)
+    assert hardware.pipeline_bubble_steady(p, m) == pytest.approx(steady)
+    with pytest.raises(ValueError, match="micro_batches"):
+        hardware.pipeline_bubble_steady(p, 0)

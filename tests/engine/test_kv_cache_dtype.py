@@ -248,3 +248,19 @@ def test_the_stored_report_renders_with_its_engine_note():
              "engine_modules": {**meta["engine_stamp"]["engine_modules"], "tinyinfer.kv_quant": "changed!"}}
     older = kvq.engine_note(report, today=today)
     assert "older engine" in older and "kv_quant" in older
+
+
+def test_one_int8_rule_and_one_scale_size():
+    """The weights' int8 and the KV cache's int8 round by one rule (kv_quant.quantize_symmetric),
+    and the pool's bytes per token count the scale the pool stores (config.KV_SCALE_BYTES)."""
+    from tinyinfer import quant
+    from tinyinfer.config import KV_SCALE_BYTES
+    from tinyinfer.kv_quant import SCALE_DTYPE, quantize_per_head
+
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    w[3] = 0  # an all-zero row quantizes to zeros, with a positive scale
+    q_rows, s_rows = quant.quantize_int8(w)
+    q_vecs, s_vecs = quantize_per_head(w)
+    assert torch.equal(q_rows, q_vecs) and torch.equal(s_rows, s_vecs[:, 0])
+    assert not q_rows[3].any() and s_rows[3] > 0
+    assert torch.finfo(SCALE_DTYPE).bits // 8 == KV_SCALE_BYTES

@@ -12,7 +12,6 @@ learner assembled (server/engine_protocol.py).
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ openai = pytest.importorskip("openai")
 
 from tinyinfer import LLM, SamplingParams  # noqa: E402
 from tinyinfer.server import build_app  # noqa: E402
-from tinyinfer.server.background import BackgroundServer  # noqa: E402
+from tinyinfer.server.background import BackgroundServer, free_port  # noqa: E402
 from tinyinfer.server.engine_protocol import build_engine, check_engine_spec  # noqa: E402
 from tiny_model import TOKENIZER_FILES, save_tiny_llama  # noqa: E402 (tests/ is on sys.path)
 
@@ -88,12 +87,6 @@ def tiny_dir(tmp_path_factory, default_model_dir):
 @pytest.fixture(scope="module")
 def offline(tiny_dir):
     return LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics(url: str) -> dict:

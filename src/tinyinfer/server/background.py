@@ -18,6 +18,16 @@ import httpx
 import uvicorn
 
 
+def free_port() -> int:
+    """A port no one listens on now (the OS picks it), for a server in another
+    process, which must bind it itself: another program could take it in between,
+    which on one machine is rare enough. A server in this process binds port 0
+    directly instead (BackgroundServer), so nothing races."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", startup_timeout_s: float = 30.0):
         self.sock = socket.socket()

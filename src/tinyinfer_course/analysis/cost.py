@@ -9,11 +9,20 @@ tokens higher (chapter 10).
 
     steps = log_steps(llm, prompts, SamplingParams(max_tokens=16))
     print(token_costs(steps, price_per_hour=2.0))
+
+A conversation re-sends every earlier turn, so what its prompts cost depends on
+what the prefix cache keeps (conversation_prefill_tokens, chapter 10).
 """
 from __future__ import annotations
 
+from dataclasses import fields
+
+from tinyinfer.config import EngineConfig
 from tinyinfer.llm_engine import run_until_done
 from tinyinfer.sampling import SamplingParams
+
+# The engine's default KV block size: the prefix cache finds whole blocks only.
+DEFAULT_BLOCK_SIZE = next(f.default for f in fields(EngineConfig) if f.name == "block_size")
 
 
 def log_steps(llm, prompts, params: SamplingParams) -> list[dict]:
@@ -49,3 +58,34 @@ def token_costs(steps: list[dict], price_per_hour: float) -> dict:
         out[f"{kind}_tokens_per_s"] = rate
         out[f"{kind}_per_million"] = per_second / rate * 1e6 if rate else None
     return out
+
+
+def conversation_prefill_tokens(prompt_lengths: list[int], reply_lengths: list[int],
+                                block_size: int | None = DEFAULT_BLOCK_SIZE) -> list[int]:
+    """The prompt tokens each turn of a conversation computes, turn by turn.
+
+    Turn t sends prompt_lengths[t] tokens: the whole conversation so far, so
+    each prompt starts with the previous prompt and the previous reply
+    (reply_lengths[t - 1] tokens). With block_size None there is no prefix
+    cache and every turn computes its whole prompt. With a prefix cache (the
+    engine's, as lab 10 measures it) a finished request leaves its blocks
+    behind, its reply's as well as its prompt's, but only full blocks can be
+    found again, and the reply's last token was sampled, never fed through the
+    model, so it has no keys and values: the next turn finds the largest whole
+    number of blocks in (previous prompt + previous reply - 1) tokens, and
+    computes the rest (its new message, plus 1 to block_size tokens of tail)."""
+    if len(reply_lengths) < len(prompt_lengths) - 1:
+        raise ValueError("reply_lengths: need a reply for every turn but the last")
+    if block_size is not None and not (isinstance(block_size, int) and block_size >= 1):
+        raise ValueError(f"block_size={block_size!r} is invalid: must be a whole number >= 1, or None")
+    computed = []
+    for t, prompt in enumerate(prompt_lengths):
+        if block_size is None or t == 0:
+            computed.append(prompt)
+            continue
+        previous = prompt_lengths[t - 1] + reply_lengths[t - 1]
+        if prompt < previous:
+            raise ValueError(f"prompt_lengths[{t}]={prompt} is shorter than the conversation before it ({previous})")
+        cached = (previous - 1) // block_size * block_size
+        computed.append(prompt - cached)
+    return computed

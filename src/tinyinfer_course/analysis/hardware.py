@@ -17,12 +17,22 @@ reads, so it waits on memory.
     print(roof)
     cost = forward_cost(llm.model.config, batch=1, context=512, bytes_per_param=4)
     print(cost, cost.time(roof))                    # a lower bound, in seconds
+    step = decode_step_time(llm.model.config, roof, batch=8, context=512, bytes_per_param=4)
+    print(step)                                     # the same step, operation by operation
+
+`forward_cost` counts a whole step's FLOPs and bytes: the right tool to place a
+step on the roofline, and to count its work. For how long a decode step takes,
+the worked problems of every chapter use one model, `decode_step_time`: the
+weights' matrix products and attention each on their own roofline, their times
+added.
 
 The micro-benchmarks report the best of a few short runs: noise (other
 programs, a clock ramping up) only ever makes a run slower.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -182,7 +192,14 @@ def forward_cost(model: ModelConfig | float, batch: int = 1, new_tokens: int = 1
     parameter per token. With a ModelConfig we are more careful: the input
     embedding is a lookup (no arithmetic), only the last position of each
     sequence goes through the LM head (as in engines), and attention adds
-    4 * head_dim FLOPs per layer, query head, and (query, visible key) pair."""
+    4 * head_dim FLOPs per layer, query head, and (query, visible key) pair.
+
+    These are the whole step's totals. `.time(roofline)` puts them on one
+    roofline, as if the step were one kernel: right where one operation
+    dominates (a prefill; a decode step with no cache), an underestimate where
+    the weights' products and attention sit on different sides of the ridge.
+    For a step's time the worked problems use `decode_step_time`, which takes
+    each operation on its own roofline."""
     if not isinstance(model, ModelConfig):
         params = float(model)
         flops = 2 * params * batch * new_tokens
@@ -205,11 +222,154 @@ def forward_cost(model: ModelConfig | float, batch: int = 1, new_tokens: int = 1
     return StepCost(flops, weight_bytes + kv_bytes)
 
 
-def predict_step_time(model: ModelConfig | float, roofline: Roofline, batch: int = 1, context: int = 0,
-                      new_tokens: int = 1, **kw) -> float:
-    """The roofline's lower bound, in seconds, on one forward step (a decode step
-    by default). Keyword arguments go to forward_cost."""
-    return forward_cost(model, batch, new_tokens, context, **kw).time(roofline)
+# ------------------------------------------------------------------ the step's time, operation by operation
+
+
+def _count(value, name: str, low: int) -> int:
+    """value as an int (numpy integers included), or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name}={value!r} is invalid: must be an integer >= {low}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One operation of a step on its own roofline: the seconds its arithmetic
+    takes at the peak and the seconds its bytes take at full bandwidth. The
+    operation takes the larger of the two; the other hides under it."""
+
+    compute_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        """'compute' or 'memory': which of the two sets the operation's time."""
+        return "compute" if self.compute_s >= self.memory_s and self.compute_s > 0 else "memory"
+
+    def __str__(self) -> str:
+        return f"{self.seconds * 1e3:,.2f} ms, {self.bound}-bound"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one forward step, operation by operation (see decode_step_time).
+
+    weights: the matrix products with the weights every token goes through;
+    experts: the routed experts' products of a mixture-of-experts model (zero for
+    a dense one); attention: each sequence's scores and weighted sum over its own
+    KV cache. The step runs them one after another, so their times add."""
+
+    weights: OpTime
+    attention: OpTime
+    experts: OpTime = OpTime(0.0, 0.0)
+
+    @property
+    def total(self) -> float:
+        return self.weights.seconds + self.experts.seconds + self.attention.seconds
+
+    def __str__(self) -> str:
+        parts = [f"weights {self.weights}"]
+        if self.experts.seconds:
+            parts.append(f"experts {self.experts}")
+        if self.attention.seconds or not self.experts.seconds:
+            parts.append(f"attention {self.attention}")
+        return f"StepTime({self.total * 1e3:,.2f} ms: " + "; ".join(parts) + ")"
+
+    __repr__ = __str__
+
+
+def decode_step_time(model: ModelConfig | float, roofline: Roofline, batch: int = 1, context: int = 0,
+                     new_tokens: int = 1, bytes_per_param: float = 2, kv_bytes_per_value: float | None = None,
+                     kv_token_bytes: float = 0) -> StepTime:
+    """The course's one step-time model: a lower bound on one decode step, each
+    operation on its own roofline, as in the scaling book's inference chapter:
+
+        T = B x (KV bytes per sequence) / bandwidth + max(2 B P / peak, P x bytes / bandwidth)
+
+    - The weights' matrix products do 2 FLOPs per parameter per sequence and read
+      each weight once for the whole batch: max(2 B P / peak, P x bytes_per_param /
+      bandwidth). They turn compute-bound at B* = ridge x bytes_per_param / 2
+      (`weights_critical_batch`), whatever the context.
+    - Attention is a separate kernel: each of the B sequences reads its own cache
+      (`context` positions) and writes its new one, and does 4 x head_dim FLOPs per
+      query head and visible key. Nothing is shared between sequences, so batching
+      never amortises it; with grouped-query attention its intensity (about twice
+      the query heads per KV head over bytes per value) is far below any GPU's
+      ridge, so it is memory-bound and its FLOPs hide under its reads. (It still
+      gets its own max: MLA's shared latent brings it near the ridge.)
+
+    Summing a whole step's FLOPs and bytes into one intensity instead (`forward_cost`)
+    mixes the two and makes the critical batch seem to move with the context.
+
+    `model` is a ModelConfig, or a parameter count (then the cache's bytes per token
+    are kv_token_bytes, and attention's FLOPs are left out). new_tokens > 1 prices a
+    prefill (or a chunk of one) by the same rule: new_tokens tokens per sequence, the
+    LM head on the last one only. Activations, norms and launches are left out."""
+    batch, context, new_tokens = _count(batch, "batch", 1), _count(context, "context", 0), \
+        _count(new_tokens, "new_tokens", 1)
+    if not isinstance(model, ModelConfig):
+        params = float(model)
+        product_flops = 2 * params * batch * new_tokens
+        weight_bytes = params * bytes_per_param
+        attention_flops = 0.0
+    else:
+        c = model
+        head = c.vocab_size * c.hidden_size
+        weights = c.num_parameters() - (0 if c.tie_word_embeddings else head)  # as in forward_cost
+        product_flops = batch * (2 * (weights - head) * new_tokens + 2 * head)
+        weight_bytes = weights * bytes_per_param
+        pairs = new_tokens * context + new_tokens * (new_tokens + 1) / 2
+        attention_flops = batch * 4 * c.head_dim * c.num_attention_heads * c.num_hidden_layers * pairs
+        kv_value = bytes_per_param if kv_bytes_per_value is None else kv_bytes_per_value
+        kv_token_bytes = kv_bytes_per_token(c, kv_value)
+    kv_bytes = batch * (context + new_tokens) * kv_token_bytes
+    peak, bandwidth = roofline.peak_flops, roofline.bandwidth
+    return StepTime(weights=OpTime(product_flops / peak, weight_bytes / bandwidth),
+                    attention=OpTime(attention_flops / peak, kv_bytes / bandwidth))
+
+
+def weights_critical_batch(roofline: Roofline, bytes_per_param: float = 2, tokens_per_sequence: float = 1) -> int:
+    """The smallest batch at which a decode step's weight matrix products turn
+    compute-bound: each weight does 2 FLOPs per token and is read once per step,
+    so their intensity is 2 B / bytes_per_param and B* = ridge x bytes_per_param / 2,
+    rounded up. The context is not in it: the cache belongs to attention.
+
+    tokens_per_sequence scales the tokens a weight sees per sequence: an MoE
+    expert sees top_k / num_experts of the batch, so its B* is E / k times larger."""
+    return math.ceil(roofline.ridge_point * bytes_per_param / 2 / tokens_per_sequence)
+
+
+def largest_batch_within(step_target_s: float, model: ModelConfig | float, roofline: Roofline, context: int = 0,
+                         **kw) -> int:
+    """The largest batch whose decode step (decode_step_time) takes at most
+    step_target_s, or 0 if even one sequence misses it. The step is linear in the
+    batch on each side of B*:
+
+        T(B) = B x a + P x bytes / bandwidth   below B* (the products wait for the weights)
+        T(B) = B x (a + 2P / peak)             above it  (the products wait for arithmetic)
+
+    with a one sequence's attention time, so the target gives B in one division.
+    Keyword arguments go to decode_step_time."""
+    one = decode_step_time(model, roofline, 1, context, **kw)
+    per_seq, fixed = one.attention.seconds, one.weights.memory_s
+    per_seq_compute = per_seq + one.weights.compute_s
+    memory_side = (step_target_s - fixed) / per_seq if per_seq > 0 else math.inf
+    compute_side = step_target_s / per_seq_compute
+    # below B* the weights' reads set the products' time; past it, their arithmetic
+    b = memory_side if one.weights.compute_s * memory_side <= fixed else compute_side
+    if not math.isfinite(b):
+        raise ValueError("no batch limit: the step does not grow with the batch (no cache and no arithmetic)")
+    b = max(0, math.floor(b))
+    # guard the floor against rounding: the answer meets the target and the next batch does not
+    while b > 0 and decode_step_time(model, roofline, b, context, **kw).total > step_target_s:
+        b -= 1
+    while decode_step_time(model, roofline, b + 1, context, **kw).total <= step_target_s:
+        b += 1
+    return b
 
 
 # ------------------------------------------------------------------ the textbook's matrix product
@@ -236,9 +396,16 @@ def arithmetic_intensity(m: int, n: int, k: int, bytes_per_value: float) -> floa
 
 
 def critical_batch(cost_at: Callable[[int], StepCost], roofline: Roofline, max_batch: int = 1_000_000) -> int | None:
-    """The smallest batch whose step reaches the ridge point (compute-bound),
-    or None if no batch up to max_batch does. `cost_at(batch)` is the step's
-    StepCost: `lambda b: forward_cost(config, batch=b, context=4096)`.
+    """The smallest batch whose aggregate intensity (all of a step's FLOPs over
+    all its bytes) reaches the ridge point, or None if no batch up to max_batch
+    does. `cost_at(batch)` is the step's StepCost: `lambda b: forward_cost(config, batch=b)`.
+
+    For one operation (the weights' products alone, as with a parameter count
+    and no cache) this is the batch at which it turns compute-bound:
+    `weights_critical_batch` gives it in closed form. For a whole step with a
+    KV cache, or an MoE step, it is only a loose bound: the aggregate mixes
+    operations with different rooflines, and at the batch it finds no kernel
+    need sit at the ridge (chapter 4's and chapter 7's worked problems).
 
     A decode step's intensity grows with the batch (the weights are read once
     for all of it) but levels off: every sequence adds its own FLOPs and, with a
@@ -264,7 +431,7 @@ def critical_batch(cost_at: Callable[[int], StepCost], roofline: Roofline, max_b
 def decode_attention_cost(model: ModelConfig, batch: int = 1, context: int = 0,
                           kv_bytes_per_value: float = 2) -> StepCost:
     """The attention part alone of a decode step (forward_cost's attention FLOPs
-    and its KV-cache bytes): each of `batch` sequences reads its own `context`
+    and its KV-cache bytes; decode_step_time's attention term): each of `batch` sequences reads its own `context`
     cached positions and writes one, and every query head does 4 x head_dim
     FLOPs per visible key (scores, then the weighted sum of values).
 
@@ -276,6 +443,27 @@ def decode_attention_cost(model: ModelConfig, batch: int = 1, context: int = 0,
     visible = context + 1
     flops = batch * 4 * c.head_dim * c.num_attention_heads * c.num_hidden_layers * visible
     return StepCost(flops, batch * visible * kv_bytes_per_token(c, kv_bytes_per_value))
+
+
+def mla_decode_attention_cost(num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, num_layers: int,
+                              batch: int = 1, context: int = 0, kv_bytes_per_value: float = 2) -> StepCost:
+    """Decode attention of multi-head latent attention (MLA: DeepSeek-V2 and V3)
+    with its projections absorbed, as DeepSeek-V2's paper describes: the key's
+    up-projection is folded into the query and the value's into the output, so
+    every head attends directly to the cached vector of kv_lora_rank + qk_rope_head_dim
+    numbers, which all num_heads heads share.
+
+    Per cached position, layer and head: a score over the whole cached vector
+    (2 x (kv_lora_rank + qk_rope_head_dim) FLOPs) and a weighted sum of its
+    latent part (2 x kv_lora_rank). Bytes: the cached vector, read once for all
+    the heads. So the intensity is about num_heads x 2 x (2 kv_lora_rank + rope)
+    / ((kv_lora_rank + rope) x bytes): near 242 FLOP/byte for DeepSeek-V3 in
+    16 bits, where grouped-query attention gets 2 x (query heads per KV head) / bytes."""
+    visible = context + 1
+    per_position = num_heads * (2 * (kv_lora_rank + qk_rope_head_dim) + 2 * kv_lora_rank)
+    flops = batch * num_layers * visible * per_position
+    nbytes = batch * num_layers * visible * (kv_lora_rank + qk_rope_head_dim) * kv_bytes_per_value
+    return StepCost(flops, nbytes)
 
 
 # ------------------------------------------------------------------ printing
@@ -404,14 +592,14 @@ def pipeline_parallel_step(params: float, hidden_size: int, n: int, link: Link, 
                            batch: int = 1, bytes_per_param: float = 2,
                            activation_bytes: float = 2) -> PipelineParallelStep:
     """The same assumptions as tensor_parallel_step, split by layers instead:
-    each stage reads 1/n of the weights (its share of the roofline bound on the
-    step) and sends batch x hidden_size activations to the next stage once, a
+    each stage reads 1/n of the weights (its share of the step's time by
+    decode_step_time, weights only) and sends batch x hidden_size activations to the next stage once, a
     point-to-point transfer (latency + bytes / bandwidth) instead of 2 x layers
     all-reduces. Throughput needs n micro-batches in flight; a single one
-    leaves n - 1 of the n stages idle (the pipeline's bubble)."""
+    leaves n - 1 of the n stages idle (pipeline_bubble_steady)."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} is invalid: the number of stages must be an integer >= 1")
-    stage = forward_cost(params, batch, bytes_per_param=bytes_per_param).time(roofline) / n
+    stage = decode_step_time(params, roofline, batch, bytes_per_param=bytes_per_param).total / n
     hop = 0.0 if n == 1 else link.latency + batch * hidden_size * activation_bytes / link.bandwidth
     return PipelineParallelStep(n, stage, hop)
 
@@ -438,29 +626,47 @@ def tensor_parallel_step(params: float, num_layers: int, hidden_size: int, n: in
     Assumptions, all stated:
     - every weight matrix is cut into n equal slices, so each GPU reads 1/n of
       the weights and does 1/n of the arithmetic: its share of the step is the
-      roofline's bound on the whole step (`forward_cost(...).time(roofline)`)
-      divided by n; the KV cache and activations are left out, as in forward_cost;
+      weights' products' time (`decode_step_time` given a parameter count and
+      no cache) divided by n; the KV cache and activations are left out;
     - each layer ends its attention block and its MLP with an all-reduce of the
       activations, batch x new_tokens x hidden_size values of `activation_bytes`
       each: 2 x num_layers all-reduces per step, each a ring (`allreduce_time`);
     - compute and communication do not overlap (engines overlap some of it).
     See allreduce_time for how real collectives differ from the ring."""
-    compute = forward_cost(params, batch, new_tokens, bytes_per_param=bytes_per_param).time(roofline) / n
+    compute = decode_step_time(params, roofline, batch, new_tokens=new_tokens,
+                               bytes_per_param=bytes_per_param).total / n
     message = batch * new_tokens * hidden_size * activation_bytes
     return TensorParallelStep(n, compute, 2 * num_layers * allreduce_time(message, n, link))
 
 
-def pipeline_bubble(stages: int, micro_batches: int) -> float:
-    """The share of time each stage of a pipeline sits idle: (p - 1) / (m + p - 1).
-
-    With p stages (each GPU a block of layers) and the batch cut into m
-    micro-batches, the last stage starts only after the first micro-batch has
-    passed the p - 1 stages before it, and the first stage has nothing to do
-    while the last micro-batch finishes downstream. A pass takes m + p - 1
-    stage-times, of which each stage works m. More micro-batches shrink the bubble;
-    one request decoding alone (m = 1) leaves every stage idle (p - 1) / p of the time."""
+def _check_pipeline(stages, micro_batches) -> None:
     if not (isinstance(stages, int) and stages >= 1):
         raise ValueError(f"stages={stages!r} is invalid: must be an integer >= 1")
     if not (isinstance(micro_batches, int) and micro_batches >= 1):
         raise ValueError(f"micro_batches={micro_batches!r} is invalid: must be an integer >= 1")
+
+
+def pipeline_bubble(stages: int, micro_batches: int) -> float:
+    """The share of time each stage sits idle in ONE pass of m micro-batches
+    through p stages, followed by a flush: (p - 1) / (m + p - 1).
+
+    This is the fill-and-drain of a training step (GPipe) or of one prefill batch:
+    the last stage starts only after the first micro-batch has passed the p - 1
+    stages before it, and the first stage has nothing to do while the last
+    micro-batch finishes downstream. A pass takes m + p - 1 stage-times, of which
+    each stage works m. Continuous decode has no flush: see pipeline_bubble_steady."""
+    _check_pipeline(stages, micro_batches)
     return (stages - 1) / (micro_batches + stages - 1)
+
+
+def pipeline_bubble_steady(stages: int, micro_batches: int) -> float:
+    """The share of time each stage sits idle in steady-state continuous decode
+    with m micro-batches in flight through p stages: max(0, 1 - m / p).
+
+    There is no flush: as soon as a micro-batch's token leaves the last stage,
+    its next token can enter the first. Each micro-batch is in one stage at a
+    time, so m of the p stages work at any moment; with m >= p every stage is
+    busy. (The hops between stages lengthen a token's round trip, so slightly
+    more than p micro-batches are needed to hide them; left out here.)"""
+    _check_pipeline(stages, micro_batches)
+    return max(0.0, 1 - micro_batches / stages)

@@ -182,9 +182,11 @@ def mla_kv_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim:
                            bytes_per_value: float = 2) -> float:
     """Bytes per token of a multi-head latent attention (MLA) cache, as in
     DeepSeek-V2 and V3: each layer keeps one compressed vector of kv_lora_rank
-    numbers, from which every head's key and value are re-made, plus one
-    rotary key part of qk_rope_head_dim numbers shared by all heads. No factor
-    2: the latent stands for keys and values together."""
+    numbers, plus one rotary key part of qk_rope_head_dim numbers, both shared by
+    all heads. At decode time the up-projections are folded into the query and
+    output projections, so the heads attend to the latent itself and no per-head
+    keys or values are made. No factor 2: the latent stands for keys and values
+    together."""
     num_layers = _number(num_layers, "num_layers", 1, 10_000, integer=True)
     rank = _number(kv_lora_rank, "kv_lora_rank", 1, 100_000, integer=True)
     rope = _number(qk_rope_head_dim, "qk_rope_head_dim", 0, 100_000, integer=True)

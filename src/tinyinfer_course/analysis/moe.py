@@ -25,13 +25,14 @@ are neither uniform nor independent; this is the simplest model of them.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .hardware import StepCost
+from .hardware import OpTime, Roofline, StepCost, StepTime, weights_critical_batch
 
 
 def _check_routing(num_experts, top_k) -> None:
@@ -77,13 +78,46 @@ class MoEShape:
         return self.shared_params + self.top_k * self.expert_params
 
     def decode_cost(self, batch: int, bytes_per_param: float = 2) -> StepCost:
-        """FLOPs and bytes of a decode step of `batch` tokens (KV cache left out,
-        as in hardware.forward_cost given a parameter count): every token does
+        """FLOPs and bytes of a whole decode step of `batch` tokens (KV cache left
+        out, as in hardware.forward_cost given a parameter count): every token does
         2 FLOPs per active parameter; the step reads the shared weights and the
-        experts the batch touches, in every layer, once (uniform routing assumed)."""
+        experts the batch touches, in every layer, once (uniform routing assumed).
+
+        These are totals: their intensity is the step's aggregate, which reaches
+        the ridge (hardware.critical_batch) before the experts do, so it gives only
+        a lower bound on the experts' critical batch. For the step's time use
+        decode_step_time, which takes the experts on their own roofline."""
         touched = expected_experts_touched(batch, self.num_experts, self.top_k)
         flops = 2 * self.active_params * batch
         return StepCost(flops, (self.shared_params + touched * self.expert_params) * bytes_per_param)
+
+    def expert_cost(self, batch: int, bytes_per_param: float = 2) -> StepCost:
+        """FLOPs and bytes of the routed experts' matrix products alone in a decode
+        step of `batch` tokens: each token runs top_k experts, and each expert the
+        batch touches is read once. Their intensity is 2 x (tokens per touched
+        expert) / bytes_per_param: an expert sees about batch x top_k / num_experts
+        tokens once all of them are touched."""
+        touched = expected_experts_touched(batch, self.num_experts, self.top_k)
+        return StepCost(2 * self.top_k * self.expert_params * batch, touched * self.expert_params * bytes_per_param)
+
+    def decode_step_time(self, roofline: Roofline, batch: int, bytes_per_param: float = 2) -> StepTime:
+        """hardware.decode_step_time for an MoE model (KV cache left out): the shared
+        weights' products on their own roofline (they see the whole batch), plus the
+        routed experts' products on theirs (each sees its own share of the batch)."""
+        if not (isinstance(batch, numbers.Integral) and batch >= 1):
+            raise ValueError(f"batch={batch!r} is invalid: must be an integer >= 1")
+        peak, bandwidth = roofline.peak_flops, roofline.bandwidth
+        shared = OpTime(2 * self.shared_params * batch / peak, self.shared_params * bytes_per_param / bandwidth)
+        routed = self.expert_cost(int(batch), bytes_per_param)
+        return StepTime(weights=shared, attention=OpTime(0.0, 0.0),
+                        experts=OpTime(routed.flops / peak, routed.nbytes / bandwidth))
+
+    def expert_critical_batch(self, roofline: Roofline, bytes_per_param: float = 2) -> int:
+        """The smallest batch at which the experts' products turn compute-bound:
+        each expert sees batch x top_k / num_experts tokens, so it reaches the
+        ridge at B* = ridge x bytes_per_param / 2 x num_experts / top_k (every
+        expert touched by then). The dense answer times E / k."""
+        return weights_critical_batch(roofline, bytes_per_param, self.top_k / self.num_experts)
 
 
 def swiglu_expert_params(num_layers: int, hidden_size: int, intermediate_size: int) -> float:

@@ -70,8 +70,13 @@ def roofline_cost_model(params: float, roofline, bytes_per_param: float = 2,
       KV cache (per context token), at the full bandwidth, and does
       2 x params FLOPs per sequence at peak.
     The roofline takes the larger of time for bytes and time for FLOPs; the
-    linear model adds them, so it errs a little on the slow side. `roofline`
-    is a hardware.Roofline (for a server split n ways, multiply both figures by n)."""
+    linear model adds them, so it errs on the slow side (by the arithmetic's
+    time while the weights' products wait for memory, by the weights' reading
+    time once they are compute-bound). It exists to give the fleet simulator a
+    StepCostModel for a chip it cannot measure. The worked problems do not use
+    it: they price a step with hardware.decode_step_time, the course's one
+    per-operation step-time model. `roofline` is a hardware.Roofline (for a
+    server split n ways, multiply both figures by n)."""
     if not params > 0:
         raise ValueError(f"params={params!r} is invalid: must be > 0")
     per_token = 2 * params / roofline.peak_flops

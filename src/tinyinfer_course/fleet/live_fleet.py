@@ -33,13 +33,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tinyinfer.server.background import free_port
 
 ROUTER = "vllm-router"
 ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware", "random", "consistent_hash")
@@ -66,14 +67,6 @@ def router_binary() -> str | None:
     if beside.exists():
         return str(beside)
     return shutil.which(ROUTER)
-
-
-def free_port() -> int:
-    """A port no one listens on now (the OS picks it). Another program could take it
-    before we bind it; on one machine that is rare enough for a course."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def split_threads(n: int, total: int | None = None) -> int:

@@ -9,8 +9,10 @@ on GPUs (where NCCL replaces gloo).
 
 Only the MLPs are split. SmolLM2-135M has 9 attention heads and 3 key-value
 heads, which two processes cannot share evenly, so every process runs attention
-whole. The MLP's 1536 hidden columns split cleanly, and they hold two thirds of
-the model's layer weights:
+whole, and the norms, the embedding and the LM head too. The MLP's 1536 hidden
+columns split cleanly, and they hold 75% of a layer's weights (59% of the
+model's parameters, with the tied embedding): split_work counts what each
+process still multiplies.
 
   gate_up_proj [2I, C]: rank r keeps rows r*I/N .. (r+1)*I/N of the gate and of the up half
   down_proj    [C, I]:  rank r keeps the matching I/N columns
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import statistics
 import time
 import traceback
@@ -32,6 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from tinyinfer.server.background import free_port
 
 from ..analysis.hardware import Link
 
@@ -75,13 +78,32 @@ def split_mlps(model: nn.Module, rank: int, world: int) -> nn.Module:
     return model
 
 
+def split_work(config, world: int = 2, lm_head: bool = True) -> dict:
+    """What the MLP-only split leaves each of `world` processes to multiply, from a
+    ModelConfig: weights are counted once per pass (norms, which multiply nothing,
+    are left out). lm_head=False counts a pass that stops at the last hidden state,
+    as the benchmark's timed steps (forward_hidden) do.
+
+    mlp_share_of_layer   the MLP's share of a decoder layer's weights (0.75 for SmolLM2-135M)
+    mlp_share_of_model   the MLPs' share of all the model's parameters
+    one_process          weights one unsplit process multiplies per token
+    per_process          weights each process of the split multiplies per token
+    pair_over_one        world x per_process / one_process: the split's total work
+                         against one process's (1 would be a perfect split)"""
+    if not (isinstance(world, int) and world >= 1):
+        raise ValueError(f"world={world!r} is invalid: must be an integer >= 1")
+    c = config
+    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    head = c.vocab_size * c.hidden_size if lm_head else 0
+    one = c.num_hidden_layers * (attention + mlp) + head
+    per_process = one - c.num_hidden_layers * mlp * (1 - 1 / world)
+    return {"mlp_share_of_layer": mlp / (attention + mlp),
+            "mlp_share_of_model": c.num_hidden_layers * mlp / c.num_parameters(),
+            "one_process": one, "per_process": per_process, "pair_over_one": world * per_process / one}
+
+
 # --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank, world, port, threads, fn, args, results):

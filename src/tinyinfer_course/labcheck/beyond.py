@@ -1,15 +1,20 @@
 """Lab 10 (beyond one reply): checks for reading a tool call, the agent loop,
 a context selector, the cheaper way to serve a workload, from a step log, and
-one row of a structured-output mask.
+a prefix tree of the vocabulary that computes one row of a structured-output mask.
 
 Every expected value here is written out by hand (or, for the agent loop,
 assembled from each case's script), never computed by the function under test
-or by the engine's own version of it."""
+or by the engine's own version of it. The one exception is the prefix tree's
+rows on the model's real vocabulary of 49,152 tokens, too many to list by hand:
+they come from scan_allowed_tokens, the plain scan, which the hand-worked rows
+check (tests/course/test_labcheck_expected.py)."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 from ..text import context
@@ -406,55 +411,227 @@ def check_cheapest_option(fn) -> bool:
                      forbidden=(reference_cheapest_option, cost.token_costs))
 
 
-# ---------------------------------------------------------------- exercise 5: one row of a choice mask
+# ---------------------------------------------------------------- exercise 5: a prefix tree of the vocabulary
 
 
-def reference_allowed_tokens(prefix, choices, vocab, eos_token_id):
-    """The course's answer to lab 10's allowed_tokens exercise: the tokens whose
-    text keeps the reply the start of a choice, plus end-of-sequence once the
-    reply is a whole choice. Tokens with no text (special tokens) never move the
-    reply on, so they are never allowed."""
+def scan_allowed_tokens(prefix, choices, vocab, eos_token_id):
+    """The scan that lab 10's TokenTrie must agree with: the tokens whose text
+    keeps the reply the start of a choice, plus end-of-sequence once the reply is
+    a whole choice. Tokens with no text (special tokens) never move the reply on,
+    so they are never allowed. It tests every token of the vocabulary, for every
+    row."""
     allowed = {i for i, text in enumerate(vocab) if text and any(c.startswith(prefix + text) for c in choices)}
     return allowed | ({eos_token_id} if prefix in choices else set())
 
 
-# Token i's text; id 0 is the end-of-sequence token, a special token with no text.
+class _Node:
+    __slots__ = ("next", "ids")
+
+    def __init__(self):
+        self.next = {}  # character -> child node
+        self.ids = []  # the tokens whose text spells the path from the root to this node
+
+
+class ReferenceTokenTrie:
+    """The course's answer to lab 10's TokenTrie exercise: a prefix tree over the
+    token texts, built once; a row walks it along what remains of each choice."""
+
+    def __init__(self, vocab):
+        self.root = _Node()
+        for token_id, text in enumerate(vocab):
+            if not text:  # a special token: it never moves the reply on
+                continue
+            node = self.root
+            for char in text:
+                node = node.next.setdefault(char, _Node())
+            node.ids.append(token_id)
+
+    def allowed(self, prefix, choices, eos_token_id):
+        allowed = {eos_token_id} if prefix in choices else set()
+        for choice in choices:
+            if not choice.startswith(prefix):
+                continue
+            node = self.root
+            for char in choice[len(prefix):]:
+                node = node.next.get(char)
+                if node is None:
+                    break
+                allowed.update(node.ids)
+        return allowed
+
+
+def count_lines(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), the lines of Python it ran, in every function it
+    called): work counted, not timed, by sys.settrace's "line" events. Code that
+    runs in C (str.startswith, a set's update, a regular expression) counts
+    nothing, so a loop over the vocabulary counts at least one line per token.
+    Lab 10 compares the scan and your prefix tree by this count, and its check
+    holds your tree to it."""
+    lines = 0
+
+    def trace(frame, event, arg):
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)  # from here on, each new frame is traced (this one is not)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        sys.settrace(previous)
+    return result, lines
+
+
+# Token i's text; id 0 is the end-of-sequence token and id 21 another special token, both with no text.
 _VOCAB = ["", "get", "_", "w", "weather", "e", "time", "t", "add", "a", "d", "dd", "x", "get_", "Get", "addx",
-          "_time", "ime"]
+          "_time", "ime", " get", "ad", "time", "", "get_weather", "get_weathers"]
 _TOOL_NAMES = ["get_weather", "get_time", "add"]
 _MASK_CASES = [  # prefix, choices, the allowed ids (worked out by hand), what it shows
-    ("", _TOOL_NAMES, {1, 8, 9, 13}, "the start: 'get', 'get_', 'add', 'a'; not 'addx' (past the end), 'Get' or id 0"),
+    ("", _TOOL_NAMES, {1, 8, 9, 13, 19, 22},
+     "the start: 'a', 'ad', 'add', 'get', 'get_' and 'get_weather' (a whole choice in one token); not 'addx' "
+     "or 'get_weathers' (past the end), 'Get', ' get' or the tokens with no text"),
     ("get", _TOOL_NAMES, {2, 16}, "'_' and '_time' continue; 'get' itself is not a choice, so no end yet"),
-    ("get_", _TOOL_NAMES, {3, 4, 6, 7}, "two choices still open: tokens towards either one"),
-    ("get_w", _TOOL_NAMES, {5}, "only 'e' starts 'eather'"),
+    ("get_", _TOOL_NAMES, {3, 4, 6, 7, 20}, "two choices still open: tokens towards either one; "
+                                            "two tokens share the text 'time'"),
+    ("get_w", _TOOL_NAMES, {5}, "only 'e' starts 'eather'; 'ime' would fit 'get_time' without the w"),
     ("get_weather", _TOOL_NAMES, {0}, "a whole choice and nothing longer: only end-of-sequence"),
     ("a", _TOOL_NAMES, {10, 11}, "'d' and 'dd': a token may finish the choice exactly"),
     ("ad", _TOOL_NAMES, {10}, "'d' finishes 'add'"),
     ("a", ["a", "add"], {0, 10, 11}, "'a' is a whole choice and the start of another: end or go on"),
     ("t", ["t", "time"], {0, 17}, "'t' is whole; 'ime' would make 'time'"),
     ("", ["x"], {12}, "one choice, one token"),
+    ("", ["add", "addx"], {8, 9, 15, 19}, "'a', 'ad', 'add' and 'addx' each end where the next goes on"),
+    ("get", ["get", "get_time"], {0, 2, 16}, "a choice that starts another: end, or '_' and '_time'"),
+    ("", [" get"], {18}, "a choice that starts with a space: ' get', not 'get'"),
 ]
+# The same rows again, with the vocabulary grown by tokens that follow every choice
+# part of the way and then leave it (a digit, which no choice has): the answers stay
+# the same, and a row that looks at every token now runs thousands of lines.
+_GROWN_ROWS = [0, 2, 7, 10]
+_FILLER_PER_BRANCH = 700
 
 
-def _same_ids(got, want) -> bool:
-    return isinstance(got, (set, frozenset)) and all(isinstance(t, int) for t in got) and set(got) == want
+def _grown_vocab() -> list[str]:
+    starts = sorted({c[:k] for _, choices, _, _ in _MASK_CASES for c in choices for k in range(len(c) + 1)})
+    return _VOCAB + [start + str(n) for start in starts for n in range(_FILLER_PER_BRANCH)]
 
 
-def check_allowed_tokens(fn) -> bool:
-    """fn(prefix, choices, vocab, eos_token_id) -> the set of token ids the mask lets through."""
+# Rows on the model's own vocabulary, checked against the scan: tool names, and
+# city names whose tokens start with a space.
+_CITIES = [" Paris", " Tokyo", " Lima"]
+_REAL_ROWS = [("", _TOOL_NAMES), ("get_", _TOOL_NAMES), ("get_w", _TOOL_NAMES), ("get_weather", _TOOL_NAMES),
+              ("get", ["get", "get_time"]), ("", _CITIES), (" ", _CITIES), (" Par", _CITIES)]
+_REAL_MODEL = "smollm2-135m-instruct"
+
+
+@functools.lru_cache(maxsize=1)
+def _real_vocab() -> tuple[tuple[str, ...], int]:
+    """(each token's text, "" for a special token; the end-of-sequence id) of the lab's model."""
+    from tinyinfer.tokenizer import Tokenizer
+    from tinyinfer.weights import resolve_model
+
+    tok = Tokenizer(resolve_model(_REAL_MODEL))
+    special = set(tok._plain.get_added_tokens_decoder())
+    return tuple("" if i in special else tok.decode([i]) for i in range(tok.vocab_size)), tok.eos_token_id
+
+
+def _ids_or_none(value):
+    """value as a set of token ids, or None when it is not a set of ints."""
+    ok = isinstance(value, (set, frozenset)) and all(type(t) is int for t in value)
+    return set(value) if ok else None
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One row of the mask and the lines of Python that computed it. For the
+    expected row: `most`, the check's limit on lines (None: not held to one),
+    and the vocabulary and end-of-sequence id, to name a token in a message."""
+    ids: object
+    lines: int | None = None
+    most: int | None = None
+    vocab: tuple = ()
+    eos: int | None = None
+
+    def __repr__(self):
+        ids = _ids_or_none(self.ids)
+        shown = "{" + ", ".join(map(str, sorted(ids))) + "}" if ids else repr(self.ids)
+        if self.lines is not None:
+            return f"{shown} in {self.lines:,} lines of Python"
+        return shown + (f" in at most {self.most:,} lines of Python" if self.most is not None else "")
+
+
+def _same_row(got: _Row, want: _Row) -> bool:
+    return _ids_or_none(got.ids) == want.ids and (want.most is None or got.lines <= want.most)
+
+
+def _row_difference(got: _Row, want: _Row) -> str:
+    ids = _ids_or_none(got.ids)
+    if ids is None:
+        held = " holding more than ints" if isinstance(got.ids, (set, frozenset)) else ""
+        return (f"first difference: the type: allowed() returned a {type(got.ids).__name__}{held}, "
+                "where a set of token ids (ints) is wanted")
+    extra, missing = ids - want.ids, want.ids - ids
+    if extra or missing:
+        first = min(extra | missing)
+        name = ("end-of-sequence" if first == want.eos else repr(want.vocab[first])
+                if 0 <= first < len(want.vocab) else "no such token")
+        return (f"first difference at token {first} ({name}): "
+                + ("yours allows it, the scan does not" if first in extra else "the scan allows it, yours does not")
+                + f" (yours: {len(extra)} extra, {len(missing)} missing)")
+    return (f"first difference: the work. Your allowed() gave the scan's ids but ran {got.lines:,} lines of Python "
+            f"for this one row; the limit is a tenth of the vocabulary's {len(want.vocab):,} tokens, {want.most:,}. "
+            "It looks at far more tokens than can fit: walk the tree along the choices instead.")
+
+
+def check_token_trie(cls) -> bool:
+    """cls(vocab) -> a prefix tree of the token texts vocab[i]; its
+    allowed(prefix, choices, eos_token_id) -> the set of token ids that one row
+    of the choice mask lets through. The same ids as the scan
+    (scan_allowed_tokens), on hand-made rows and on the model's own
+    vocabulary; and, where the vocabulary has thousands of tokens, at most a
+    tenth as many lines of Python per row as it has tokens (count_lines), where
+    a scan runs at least one per token. Building the tree is not counted: an
+    engine builds it once, when it loads the tokenizer."""
+    vocabs, trees = {}, {}
+
+    def row(which, prefix, choices, eos_token_id):
+        if which not in trees:  # built once per vocabulary, inside the first row's watch
+            trees[which] = cls(list(vocabs[which]))
+        ids, lines = count_lines(trees[which].allowed, prefix, list(choices), eos_token_id)
+        return _Row(ids, lines)
+
     def cases():
-        return [Case((prefix, list(choices), list(_VOCAB), 0), want,
-                     f"prefix={prefix!r}, choices={choices}, vocab={_VOCAB} (id 0 is end-of-sequence)  ({note})")
-                for prefix, choices, want, note in _MASK_CASES]
-    return run_check("allowed_tokens", fn, cases, same=_same_ids,
-                     forbidden=(reference_allowed_tokens, structured_output.allowed_token_ids))
+        vocabs["hand"], vocabs["grown"] = tuple(_VOCAB), tuple(_grown_vocab())
+        vocabs["real"], eos = _real_vocab()
+        grown, real = len(vocabs["grown"]), len(vocabs["real"])
+        out = [Case(("hand", prefix, choices, 0), _Row(want, vocab=vocabs["hand"], eos=0),
+                    f"TokenTrie({_VOCAB}).allowed({prefix!r}, {choices}, eos_token_id=0)  ({note})")
+               for prefix, choices, want, note in _MASK_CASES]
+        shown = ", ".join(repr(t) for t in vocabs["grown"][len(_VOCAB)::1997][:4])
+        for k in _GROWN_ROWS:
+            prefix, choices, want, note = _MASK_CASES[k]
+            out.append(Case(("grown", prefix, choices, 0), _Row(want, most=grown // 10, vocab=vocabs["grown"], eos=0),
+                            f"TokenTrie(the {len(_VOCAB)} tokens above and {grown - len(_VOCAB):,} more that leave "
+                            f"every choice at a digit: {shown} ...).allowed({prefix!r}, {choices}, eos_token_id=0)"))
+        for prefix, choices in _REAL_ROWS:
+            want = scan_allowed_tokens(prefix, choices, vocabs["real"], eos)
+            out.append(Case(("real", prefix, choices, eos), _Row(want, most=real // 10, vocab=vocabs["real"], eos=eos),
+                            f"TokenTrie({_REAL_MODEL}'s {real:,} token texts).allowed({prefix!r}, {choices}, "
+                            f"eos_token_id={eos})  (the scan's answer)"))
+        return out
+
+    return run_check("token_trie", row, cases, same=_same_row, explain=_row_difference,
+                     forbidden=(scan_allowed_tokens, ReferenceTokenTrie, structured_output.allowed_token_ids))
 
 
 LAB = Lab(10, "beyond one reply",
           exports=("check_parse_tool_call", "check_run_agent", "check_select_context", "check_cheapest_option",
-                   "check_allowed_tokens", "reference_parse_tool_call", "reference_run_agent",
-                   "reference_select_context", "reference_cheapest_option", "reference_allowed_tokens"),
+                   "check_token_trie", "reference_parse_tool_call", "reference_run_agent",
+                   "reference_select_context", "reference_cheapest_option", "scan_allowed_tokens",
+                   "ReferenceTokenTrie", "count_lines"),
           fallbacks={"check_parse_tool_call": reference_parse_tool_call, "check_run_agent": reference_run_agent,
                      "check_select_context": reference_select_context,
                      "check_cheapest_option": reference_cheapest_option,
-                     "check_allowed_tokens": reference_allowed_tokens})
+                     "check_token_trie": ReferenceTokenTrie})

@@ -28,7 +28,7 @@ import time
 import torch
 
 # A step whose launching alone would take at least this share of its time is called
-# launch-bound (the same threshold as the stored GPU report's, bench/gpu_report.py).
+# launch-bound (the same threshold as the stored GPU report's, reports/gpu.py).
 LAUNCH_BOUND_SHARE = 0.5
 
 

@@ -43,6 +43,12 @@ MODE_NAMES = {"eager": "tinyinfer eager", "compiled": "tinyinfer compiled (torch
               "eager_cudnn": "tinyinfer eager, cuDNN attention allowed",
               "compiled_graphs": "tinyinfer compiled, recorded as CUDA graphs"}
 SHAPE_NAMES = {"135m": "135M", "1.7b": "1.7B"}
+# Decoder layers of each shape, as benchmarks/gpu_check.py's SHAPES builds them from the
+# models' config.json (num_hidden_layers); a decode row that records its own "layers" wins.
+SHAPE_LAYERS = {"135m": 30, "1.7b": 24}
+# Two shapes' step times "follow" their kernel counts when their ratio is within this
+# share of the ratio of their layers.
+LAYERS_MATCH = 0.25
 # A step whose launching alone would take at least this share of its time is
 # called launch-bound: the GPU then waits on the CPU more than it works.
 LAUNCH_BOUND_SHARE = 0.5
@@ -57,6 +63,7 @@ def engine_modules(root: Path = fingerprint.ROOT) -> list[str]:
 
 
 TODAY_COMMAND = "python benchmarks/gpu_check.py engine"  # docs/benchmarks.md, "On a GPU"
+TODAY_SCRIPT = TODAY_COMMAND.split()[1]
 # Today's engine is measured by today's GPU check, whatever script made a report.
 REPORT = StoredReport("a GPU report", STORED, engine_modules, env_var="TINYINFER_GPU_REPORT", program="`LLM`",
                       remeasure=f"`{TODAY_COMMAND}` on a CUDA GPU measures today's", keys=("meta",),
@@ -134,11 +141,23 @@ def header(report: dict) -> str:
              f"({where})",
              f"Measured read bandwidth: {_num(m.get('bandwidth_gbs'), ',.0f')} GB/s; one kernel launch: "
              + (f"{m['launch_us']:.1f} µs." if m.get("launch_us") is not None else "not measured."),
-             f"Weights: {m.get('weights', 'not stated')}. Command: `{m.get('command', 'not stated')}`."]
+             f"Weights: {m.get('weights', 'not stated')}. {command_note(m.get('command'))}"]
     if m.get("note"):
         lines.append(f"Note: {m['note']}")
     lines.append(engine_note(report))
     return "  \n".join(lines)
+
+
+def command_note(command: str | None) -> str:
+    """The command that made the report, and today's when that one ran another script
+    (the stored H200 run was made by benchmarks/cuda_check.py, which gpu_check.py replaced)."""
+    if not command:
+        return "Command: not stated."
+    words = command.split()
+    script = next((w for w in words if w.endswith(".py")), None)
+    if script is None or script == TODAY_SCRIPT:
+        return f"Command: `{command}`."
+    return f"Command: `{command}`, an earlier script than today's GPU check, `{TODAY_COMMAND}`."
 
 
 def parity_table(report: dict) -> str:
@@ -229,8 +248,15 @@ def bound_sentence(report: dict) -> str:
     return " ".join(parts)
 
 
+def _layers(row: dict) -> int | None:
+    return row.get("layers") or SHAPE_LAYERS.get(row.get("shape"))
+
+
 def size_sentence(report: dict) -> str:
-    """Whether the step grows with the bytes read: two shapes' best batch-1 steps without graphs."""
+    """Whether the step grows with the bytes read: two shapes' best batch-1 steps without
+    graphs. Where it does not, the two shapes' layer counts (hence kernels per step)
+    are set beside the step times: a step that follows its kernels, not its bytes,
+    is launch-bound."""
     best = {}
     for shape in _shapes(report):
         row = _best([r for r in _rows(report, shape=shape, batch=1) if r.get("mode") in ("eager", "compiled")])
@@ -241,11 +267,51 @@ def size_sentence(report: dict) -> str:
     small = min(best.values(), key=lambda r: r["weight_bytes"])
     large = max(best.values(), key=lambda r: r["weight_bytes"])
     bytes_ratio, time_ratio = large["weight_bytes"] / small["weight_bytes"], large["step_ms"] / small["step_ms"]
-    text = (f"The {_shape(large)} shape reads {bytes_ratio:.1f} times the bytes of the {_shape(small)} shape, "
-            f"and its step took {time_ratio:.2f} times as long.")
-    if time_ratio < bytes_ratio ** 0.5:
-        text += (" A step that barely grows with its bytes is not waiting on memory: the GPU spends most of it "
-                 "idle, waiting for the CPU to launch the next kernel.")
+    head = f"The {_shape(large)} shape reads {bytes_ratio:.1f} times the bytes of the {_shape(small)} shape"
+    if time_ratio < 1:
+        text = f"{head}, yet its step was shorter: {time_ratio:.2f} times as long."
+    elif time_ratio < bytes_ratio ** 0.5:
+        text = f"{head}, and its step took only {time_ratio:.2f} times as long: it barely grew with its bytes."
+    else:
+        return f"{head}, and its step took {time_ratio:.2f} times as long: the bytes set much of its pace."
+    text += " So the step was not waiting on memory."
+    layers_small, layers_large = _layers(small), _layers(large)
+    if layers_small and layers_large:
+        layers_ratio = layers_large / layers_small
+        if abs(time_ratio / layers_ratio - 1) <= LAYERS_MATCH:
+            text += (f" It follows the number of kernels instead: the {_shape(large)} shape has {layers_large} "
+                     f"layers against {layers_small}, and nearly all of a step's kernels are launched layer by "
+                     f"layer, the same ones in every layer, so its step launches about {layers_ratio:.2f} times as "
+                     f"many, against {time_ratio:.2f} for the step times.")
+        else:
+            text += (f" (It has {layers_large} layers against {layers_small}, so {layers_ratio:.2f} times as many "
+                     "kernels per step; the step times do not follow that ratio.)")
+    return text + (" That is the mark of a launch-bound step: the GPU spends most of it idle, waiting for the CPU "
+                   "to launch the next kernel.")
+
+
+def graphs_sentence(report: dict) -> str:
+    """Whether this report measured what CUDA graphs do: its rows with graphs, against the
+    same shape's best batch-1 step without them, and its counted launches; or that it has neither."""
+    graphs = [r for r in report["decode"] if r.get("mode") in ("graphs", "compiled_graphs") and r.get("step_ms")]
+    counted = [r for r in report["decode"] if r.get("launches_per_step") is not None]
+    if not graphs and not counted:
+        return ("This run has no row with CUDA graphs and counted no kernel launches, so what graphs do for "
+                "these steps is explained on this page, not measured by it.")
+    parts = []
+    for g in _sorted([r for r in graphs if r.get("batch") == 1]):
+        without = _best([r for r in _rows(report, shape=g["shape"], batch=1) if r.get("mode") in ("eager", "compiled")])
+        if without:
+            parts.append(f"with {MODE_NAMES.get(g['mode'], g['mode'])} the {_shape(g)} batch-1 step took "
+                         f"{_step(g['step_ms'])} against {_step(without['step_ms'])} {without['mode']}, "
+                         f"{without['step_ms'] / g['step_ms']:.1f} times as fast")
+    text = ("This run measured CUDA graphs: " + "; ".join(parts) + "." if parts else
+            "This run has no batch-1 row with CUDA graphs to set beside one without them." if not graphs else
+            "This run has rows with CUDA graphs but none at batch 1 beside a step without them.")
+    if counted:
+        text += f" It counted the kernel launches of {len(counted)} of its {len(report['decode'])} steps."
+    else:
+        text += " It counted no kernel launches."
     return text
 
 
@@ -299,12 +365,17 @@ def notebook_sentence(report: dict) -> str:
     return text + (f"; failed: {', '.join(failed)}." if failed else ".")
 
 
-def explain(report: dict) -> str:
-    parts = [bound_sentence(report), size_sentence(report), launch_sentence(report), batch_sentence(report),
-             notebook_sentence(report)]
+SENTENCES = {"bound": bound_sentence, "size": size_sentence, "launch": launch_sentence, "batch": batch_sentence,
+             "notebooks": notebook_sentence}
+
+
+def explain(report: dict, skip: tuple[str, ...] = ()) -> str:
+    """The sentences computed from the report, less those named in skip (keys of
+    SENTENCES: a page that words one of them in its own prose skips it here)."""
+    parts = [fn(report) for name, fn in SENTENCES.items() if name not in skip]
     return "\n\n".join(p for p in parts if p)
 
 
-def render(report: dict) -> str:
+def render(report: dict, skip: tuple[str, ...] = ()) -> str:
     """The header, both tables and the sentences, as one Markdown text."""
-    return "\n\n".join([header(report), parity_table(report), decode_table(report), explain(report)])
+    return "\n\n".join([header(report), parity_table(report), decode_table(report), explain(report, skip)])

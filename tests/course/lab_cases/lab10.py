@@ -241,46 +241,155 @@ WRONG_CHOICES = [
     # ^ picks the first option when none can be priced, instead of None
 ]
 
-# ------------------------------------------------------------ allowed_tokens
+# ------------------------------------------------------------ token_trie
 
 
-def _allowed(prefix, choices, vocab, eos, *, overshoot=False, empty=False, end="whole", ignore_prefix=False,
-             strict=False, first_only=False, fold=False):
-    """A correct mask row with every default; each wrong one below changes one decision."""
-    def norm(text):
-        return text.lower() if fold else text
-    open_choices = [c for c in choices if norm(c).startswith(norm(prefix))]
-    if first_only:
-        open_choices = open_choices[:1]
-    out = set()
-    for i, text in enumerate(vocab):
-        if not text and not empty:
-            continue
-        head = text if ignore_prefix else prefix + text
-        for c in open_choices:
-            fits = norm(c).startswith(norm(head)) and (len(head) < len(c) or not strict)
-            if fits or (overshoot and head.startswith(c)):
-                out.add(i)
-    if end == "always" or (end == "whole" and prefix in choices):
-        out.add(eos)
-    if end == "only" and prefix in choices:
-        out = {eos}
-    return out
+class _Trie:
+    """A correct prefix tree with every default (nested dicts; a node's token ids
+    under the key None); each wrong one below changes one decision."""
+    leaves_only = past_end = no_eos = empty_text = first_only = ignore_prefix = all_choices = False
+    strict = overwrite = strip = eos_always = eos_only = False
+
+    def __init__(self, vocab):
+        self.root = {}
+        for i, text in enumerate(vocab):
+            if self.strip:
+                text = text.strip()
+            if not text and not self.empty_text:
+                continue
+            node = self.root
+            for char in text:
+                node = node.setdefault(char, {})
+            if self.overwrite:
+                node[None] = [i]
+            else:
+                node.setdefault(None, []).append(i)
+
+    def _ids(self, node):
+        if self.leaves_only and any(k is not None for k in node):
+            return []
+        return node.get(None, [])
+
+    def _subtree(self, node):
+        return [i for k, child in node.items() for i in (child if k is None else self._subtree(child))]
+
+    def allowed(self, prefix, choices, eos_token_id):
+        out = set(self.root.get(None, [])) if self.empty_text else set()
+        open_choices = [c for c in choices if self.all_choices or c.startswith(prefix)]
+        for choice in open_choices[:1] if self.first_only else open_choices:
+            rest = choice if self.ignore_prefix else choice[len(prefix):]
+            node = self.root
+            for n, char in enumerate(rest):
+                if char not in node:
+                    break
+                node = node[char]
+                if self.strict and n == len(rest) - 1:
+                    break
+                out.update(self._ids(node))
+            else:
+                if self.past_end and rest:
+                    out.update(self._subtree(node))
+        if (prefix in choices and not self.no_eos) or self.eos_always:
+            out.add(eos_token_id)
+        if prefix in choices and self.eos_only:
+            out = {eos_token_id}
+        return out
 
 
-WRONG_MASKS = [
-    lambda p, c, v, e: _allowed(p, c, v, e, overshoot=True),  # a token that runs past the choice's end
-    lambda p, c, v, e: _allowed(p, c, v, e, empty=True),  # a token with no text (a special token)
-    lambda p, c, v, e: _allowed(p, c, v, e, end="never"),  # never lets the reply end
-    lambda p, c, v, e: _allowed(p, c, v, e, end="always"),  # lets it end anywhere
-    lambda p, c, v, e: _allowed(p, c, v, e, end="only"),  # a whole choice must end, though a longer one goes on
-    lambda p, c, v, e: _allowed(p, c, v, e, ignore_prefix=True),  # tests the token against the choice's start
-    lambda p, c, v, e: _allowed(p, c, v, e, strict=True),  # no token may finish a choice exactly
-    lambda p, c, v, e: _allowed(p, c, v, e, first_only=True),  # only the first choice that still fits
-    lambda p, c, v, e: _allowed(p, c, v, e, fold=True),  # case-insensitive: 'Get' passes
-    lambda p, c, v, e: sorted(_allowed(p, c, v, e)),  # a list, not a set
-    lambda p, c, v, e: {v[i] for i in _allowed(p, c, v, e)},  # the tokens' texts, not their ids
+def _wrong_trie(comment, **changes):
+    return type("WrongTrie", (_Trie,), {"__doc__": comment, **changes})
+
+
+class _ScanDressedAsATrie:
+    """Keeps the vocabulary and tests every token in each row: the right ids, a scan's work."""
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def allowed(self, prefix, choices, eos_token_id):
+        out = {i for i, text in enumerate(self.vocab) if text and any(c.startswith(prefix + text) for c in choices)}
+        return out | ({eos_token_id} if prefix in choices else set())
+
+
+class _RebuiltEveryRow(_Trie):
+    """Builds the tree inside allowed(), for every row: it reads the whole vocabulary each time."""
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def allowed(self, prefix, choices, eos_token_id):
+        _Trie.__init__(self, self.vocab)
+        return _Trie.allowed(self, prefix, choices, eos_token_id)
+
+
+class _ByFirstCharacter:
+    """Files the tokens by their first character and scans that bucket: fewer tokens than a scan, still thousands."""
+    def __init__(self, vocab):
+        self.buckets = {}
+        for i, text in enumerate(vocab):
+            if text:
+                self.buckets.setdefault(text[0], []).append((i, text))
+
+    def allowed(self, prefix, choices, eos_token_id):
+        out = {eos_token_id} if prefix in choices else set()
+        for choice in choices:
+            rest = choice[len(prefix):] if choice.startswith(prefix) else ""
+            out.update(i for i, text in self.buckets.get(rest[:1], []) if rest.startswith(text))
+        return out
+
+
+class _AList(_Trie):
+    def allowed(self, prefix, choices, eos_token_id):
+        return sorted(_Trie.allowed(self, prefix, choices, eos_token_id))
+
+
+class _Texts(_Trie):
+    def __init__(self, vocab):
+        super().__init__(vocab)
+        self.vocab = vocab
+
+    def allowed(self, prefix, choices, eos_token_id):
+        return {self.vocab[i] for i in _Trie.allowed(self, prefix, choices, eos_token_id) if i != eos_token_id}
+
+
+WRONG_TRIES = [
+    _ScanDressedAsATrie,  # the right ids, but it tests every token in each row
+    _RebuiltEveryRow,  # builds the tree again in every row
+    _ByFirstCharacter,  # a bucket per first character, scanned
+    _wrong_trie("keeps a token only where no longer token goes on", leaves_only=True),
+    _wrong_trie("allows the tokens that run past the choice's end", past_end=True),
+    _wrong_trie("never lets the reply end", no_eos=True),
+    _wrong_trie("lets the reply end anywhere", eos_always=True),
+    _wrong_trie("a whole choice must end, though a longer one goes on", eos_only=True),
+    _wrong_trie("files the tokens with no text at the root and allows them", empty_text=True),
+    _wrong_trie("walks only the first choice that fits", first_only=True),
+    _wrong_trie("walks each whole choice, not what remains after the prefix", ignore_prefix=True),
+    _wrong_trie("walks what follows len(prefix) in every choice, even those the prefix rules out", all_choices=True),
+    _wrong_trie("stops one character short: no token may finish a choice", strict=True),
+    _wrong_trie("keeps one token per node: the last of two with the same text", overwrite=True),
+    _wrong_trie("strips the texts' spaces: ' get' is filed as 'get'", strip=True),
+    _AList,  # a sorted list, not a set
+    _Texts,  # the tokens' texts, not their ids
 ]
+
+
+class _CallsTheScan:
+    """The course's scan behind a tree's interface."""
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def allowed(self, prefix, choices, eos_token_id):
+        return labcheck.scan_allowed_tokens(prefix, choices, self.vocab, eos_token_id)
+
+
+class _CallsTheEngine:
+    """The engine's own mask (llguidance) behind a tree's interface."""
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def allowed(self, prefix, choices, eos_token_id):
+        from tinyinfer.structured_output import StructuredOutputsParams, allowed_token_ids
+
+        return set(allowed_token_ids(None, StructuredOutputsParams(choice=list(choices)), []))
+
 
 WRONG = {
     "check_parse_tool_call": [_needs_closing_tag, _json_loads_everything, _no_validation, _last_call, _bare_json_too,
@@ -288,7 +397,7 @@ WRONG = {
     "check_run_agent": WRONG_AGENTS,
     "check_select_context": WRONG_SELECTORS,
     "check_cheapest_option": WRONG_CHOICES,
-    "check_allowed_tokens": WRONG_MASKS,
+    "check_token_trie": WRONG_TRIES,
 }
 # Correct implementations, written here: each helper above with its defaults.
 REFERENCE = {
@@ -296,12 +405,12 @@ REFERENCE = {
     "check_run_agent": lambda: _loop,
     "check_select_context": lambda: _select,
     "check_cheapest_option": lambda: _cheapest,
-    "check_allowed_tokens": lambda: _allowed,
+    "check_token_trie": lambda: _Trie,
 }
 ANSWERS = {
     "check_parse_tool_call": [labcheck.reference_parse_tool_call, tools.parse_tool_call],
     "check_run_agent": [labcheck.reference_run_agent, tools.run_agent],
     "check_select_context": [labcheck.reference_select_context, context.select_context],
     "check_cheapest_option": [labcheck.reference_cheapest_option],
-    "check_allowed_tokens": [labcheck.reference_allowed_tokens],
+    "check_token_trie": [labcheck.ReferenceTokenTrie, _CallsTheScan, _CallsTheEngine],
 }
