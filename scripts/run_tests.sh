@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `make test`'s steps 2 and 3 (step 1, lint, is the Makefile's), so a red light says
+# which part failed: 2/3 the engine's tests (tests/engine), 3/3 the course's and the book's.
+#
+# The notebooks (nbval, twice: strict solutions and lax labs) and the book's build
+# take most of the run and mostly one core each, while the tests leave much of the
+# second core idle (Python, small tensors, waits on servers). So they start in the
+# background with step 2, in their own pytest run, and step 3 waits for them and
+# prints their result. Run alone after step 2 they made `make test` 6 minutes longer.
+#
+# Called by the Makefile with PY (the venv's python) and PYTEST_ARGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+read -r -a ARGS <<< "${PYTEST_ARGS:-}"
+
+log=$(mktemp -t tinyinfer-notebooks-and-book-XXXXXX.log)
+echo "== the notebooks and the book's build start in the background; their results come in step 3 ($log)"
+set -m  # the background run gets a process group of its own, so a failure here stops all of it
+"$PY" -m pytest tests/book -m "notebooks or book" "${ARGS[@]}" >"$log" 2>&1 &
+background=$!
+set +m
+trap 'kill -- -$background 2>/dev/null' EXIT
+
+# The background's streams use one thread each. OpenMP threads that spin waiting for
+# a thread the OS has parked on a busy core made one benchmark 14 times slower, so
+# these tests use one thread too (tests/conftest.py gives none back here: no streams).
+export OMP_NUM_THREADS=1
+
+echo "== 2/3 the engine's tests"
+"$PY" -m pytest tests/engine "${ARGS[@]}" || exit 1
+
+echo "== 3/3 the course's and the book's tests"
+"$PY" -m pytest tests/course tests/book -m "not notebooks and not book" "${ARGS[@]}"
+tests=$?
+echo "== 3/3 the notebooks and the book's build (waiting for the background run)"
+wait "$background"
+notebooks=$?
+trap - EXIT
+cat "$log"
+rm -f "$log"
+[ "$tests" -eq 0 ] && [ "$notebooks" -eq 0 ]
