@@ -20,7 +20,7 @@ set -m  # the background run gets a process group of its own, so a failure here 
 "$PY" -m pytest tests/book -m "notebooks or book" "${ARGS[@]}" >"$log" 2>&1 &
 background=$!
 set +m
-trap 'kill -- -$background 2>/dev/null; kill ${heavy:-} 2>/dev/null' EXIT
+trap 'kill -- -$background 2>/dev/null' EXIT
 
 # The background's streams use one thread each. OpenMP threads that spin waiting for
 # a thread the OS has parked on a busy core made one benchmark 14 times slower, so
@@ -30,21 +30,9 @@ export OMP_NUM_THREADS=1
 echo "== 2/3 the engine's tests"
 "$PY" -m pytest tests/engine "${ARGS[@]}" || exit 1
 
-# Step 3 in two processes, one per core (each test file in one of them): the files
-# that start engines, servers and subprocesses, and the rest.
-echo "== 3/3 the course's and the book's tests, in two processes"
-HEAVY=(tests/course/test_gpu_check.py tests/course/test_speculative.py tests/course/test_fleet.py
-       tests/course/test_fleet_live.py tests/course/test_peers.py tests/course/test_decode_benchmark.py)
-heavy_log=$(mktemp -t tinyinfer-course-XXXXXX.log)
-"$PY" -m pytest "${HEAVY[@]}" "${ARGS[@]}" >"$heavy_log" 2>&1 &
-heavy=$!
-"$PY" -m pytest tests/course tests/book -m "not notebooks and not book" "${HEAVY[@]/#/--ignore=}" "${ARGS[@]}"
-rest=$?
-wait "$heavy"
-heavy_rc=$?
-cat "$heavy_log"
-rm -f "$heavy_log"
-tests=$(( rest || heavy_rc ))
+echo "== 3/3 the course's and the book's tests"
+"$PY" -m pytest tests/course tests/book -m "not notebooks and not book" "${ARGS[@]}"
+tests=$?
 echo "== 3/3 the notebooks and the book's build (waiting for the background run)"
 wait "$background"
 notebooks=$?
