@@ -46,6 +46,15 @@ def tiny_dir(tmp_path_factory, default_model_dir):
 
 
 @pytest.fixture(scope="session")
+def one_layer_dir(tmp_path_factory, default_model_dir):
+    """tiny_dir's model with one layer: for the tests that compile or record the
+    decode step, whose cost grows with the layers."""
+    from tiny_model import save_tiny_llama  # tests/ is on sys.path
+
+    return save_tiny_llama(tmp_path_factory.mktemp("one-layer"), default_model_dir, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="session")
 def llm():
     """One fp32 engine on the default model, shared by the tests that only read it."""
     from tinyinfer import LLM

@@ -11,26 +11,17 @@ with a hash of its code without docstrings and comments, and their fingerprint
 modules give today. A docstring edit, or a change to a module the solution does
 not import, leaves it current. Finishing an engine change includes `make record`.
 """
-import importlib.util
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from make_labs_module import load_make_labs  # tests/ is on sys.path
 from nbformat.v4 import new_code_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb"))
-
-
-def _load_make_labs():
-    spec = importlib.util.spec_from_file_location("make_labs", ROOT / "scripts" / "make_labs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_labs = _load_make_labs()
+make_labs = load_make_labs()
 fingerprints = make_labs.fingerprints
 
 

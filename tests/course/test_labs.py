@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from make_labs_module import load_make_labs  # tests/ is on sys.path
 
 from tinyinfer_course import labcheck
 from tinyinfer_course.labcheck.core import first_difference
@@ -24,14 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb"))
 
 
-def _load_make_labs():
-    spec = importlib.util.spec_from_file_location("make_labs", ROOT / "scripts" / "make_labs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_labs = _load_make_labs()
+make_labs = load_make_labs()
 
 
 def _exercises():

@@ -10,17 +10,12 @@ import copy
 
 import pytest
 
+from decode_runs import eager_decode_reasons, greedy_tokens  # tests/ is on sys.path
+
 from tinyinfer import LLM, SamplingParams, cuda_graphs
 
 SHORT = "The capital of France is"  # 5 tokens with the BOS
 LONG = " ".join(["word"] * 69)  # 70 tokens: past the shortest key length (64)
-
-
-@pytest.fixture(scope="module")
-def one_layer_dir(tmp_path_factory, default_model_dir):
-    from tiny_model import save_tiny_llama  # tests/ is on sys.path
-
-    return save_tiny_llama(tmp_path_factory.mktemp("one-layer"), default_model_dir, num_hidden_layers=1)
 
 
 @pytest.fixture
@@ -34,11 +29,6 @@ def stand_in(monkeypatch):
 
     monkeypatch.setattr(cuda_graphs, "default_graph_backend", backend)
     return backends
-
-
-def tokens(llm, prompts, max_tokens=5):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
 def test_key_lengths_double_from_64_up_to_the_longest_context():
@@ -76,7 +66,7 @@ def test_replayed_steps_write_the_eager_tokens_from_buffers_that_never_move(one_
         graphs.graphs[key] = lambda key=key, step=step: replayed.append(key) or step()
     for n in range(1, 9):
         prompts = [SHORT if i % 2 else LONG for i in range(n)]
-        assert tokens(graphed, prompts) == tokens(eager, prompts), n
+        assert greedy_tokens(graphed, prompts) == greedy_tokens(eager, prompts), n
         assert engine.stats.num_eager_decode_steps == 0, engine.stats.eager_decode_reason
     # 4 decode steps per batch; batch n pads to the next size; 70 tokens and more read 128 keys
     sizes = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
@@ -84,8 +74,8 @@ def test_replayed_steps_write_the_eager_tokens_from_buffers_that_never_move(one_
     assert [key[0] for key in replayed] == [sizes[n] for n in range(1, 9) for _ in range(4)]
     assert stand_in[-1].captured == 4 * 5  # nothing recorded again
     assert [t.data_ptr() for t in tensors] == addresses
-    only_short = tokens(graphed, [SHORT, SHORT])
-    assert replayed[-1] == (2, 64) and only_short == tokens(eager, [SHORT, SHORT])
+    only_short = greedy_tokens(graphed, [SHORT, SHORT])
+    assert replayed[-1] == (2, 64) and only_short == greedy_tokens(eager, [SHORT, SHORT])
 
 
 def test_an_oversize_batch_runs_eagerly_and_says_why(one_layer_dir, stand_in):
@@ -96,14 +86,9 @@ def test_an_oversize_batch_runs_eagerly_and_says_why(one_layer_dir, stand_in):
     engine = graphed.llm_engine
     prompts = [SHORT, LONG, SHORT]
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    reasons = set()
-    for prompt in prompts:
-        engine.add_request(prompt, params)
-    while engine.has_unfinished_requests():
-        engine.step()
-        reasons.add(engine.stats.eager_decode_reason)
+    reasons = eager_decode_reasons(engine, prompts, params)
     assert "a batch of 3 sequences is larger than the largest recorded (CUDA graph) size, 2" in reasons, reasons
-    assert tokens(graphed, prompts) == tokens(eager, prompts)
+    assert greedy_tokens(graphed, prompts) == greedy_tokens(eager, prompts)
 
 
 def test_a_new_model_or_a_pass_on_it_is_recorded_again(one_layer_dir, stand_in):
@@ -129,13 +114,13 @@ def test_a_new_model_or_a_pass_on_it_is_recorded_again(one_layer_dir, stand_in):
     eager.runner.model = other
     graphed.runner.model = copy.deepcopy(other)
     assert backend.captured == 2 * per_recording  # recorded again, at once
-    assert tokens(graphed, [SHORT, LONG]) == tokens(eager, [SHORT, LONG])
+    assert greedy_tokens(graphed, [SHORT, LONG]) == greedy_tokens(eager, [SHORT, LONG])
 
     for llm in (eager, graphed):  # a pass in place: the MLP's output projection becomes INT8
         mlp = llm.model.model.layers[0].mlp
         mlp.down_proj = quant.Int8Linear.from_weight(mlp.down_proj.weight.detach())
         bump_generation(llm.model)
-    assert tokens(graphed, [SHORT, LONG]) == tokens(eager, [SHORT, LONG])
+    assert greedy_tokens(graphed, [SHORT, LONG]) == greedy_tokens(eager, [SHORT, LONG])
     assert backend.captured == 3 * per_recording
     assert graphed.runner.cuda_graphs.is_current(graphed.model)
 
@@ -167,7 +152,7 @@ def test_a_failed_recording_warns_and_the_engine_carries_on_eagerly(one_layer_di
     with pytest.warns(RuntimeWarning, match="recording CUDA graphs failed.*stream is capturing"):
         graphed = LLM(one_layer_dir, **kw, enforce_eager=False)
     assert graphed.runner.enforce_eager and graphed.runner.cuda_graphs is None
-    assert tokens(graphed, [SHORT, LONG]) == tokens(LLM(one_layer_dir, **kw), [SHORT, LONG])
+    assert greedy_tokens(graphed, [SHORT, LONG]) == greedy_tokens(LLM(one_layer_dir, **kw), [SHORT, LONG])
 
 
 def test_a_weight_replaced_without_a_pass_is_recorded_again(one_layer_dir, stand_in):
@@ -183,13 +168,13 @@ def test_a_weight_replaced_without_a_pass_is_recorded_again(one_layer_dir, stand
     graphed = LLM(one_layer_dir, **kw, enforce_eager=False)
     backend, runner = stand_in[-1], graphed.runner
     per_recording = backend.captured
-    tokens(graphed, [SHORT])
+    greedy_tokens(graphed, [SHORT])
     assert backend.captured == per_recording and runner.cuda_graphs.is_current(graphed.model)
     for llm in (eager, graphed):
         norm = llm.model.model.layers[0].post_attention_layernorm
         norm.weight = torch.nn.Parameter(norm.weight.detach() * 3)  # a new tensor at a new address
     assert not runner.cuda_graphs.is_current(graphed.model)
-    assert tokens(graphed, [SHORT, LONG]) == tokens(eager, [SHORT, LONG])
+    assert greedy_tokens(graphed, [SHORT, LONG]) == greedy_tokens(eager, [SHORT, LONG])
     assert backend.captured == 2 * per_recording
     with torch.no_grad():  # the same tensor edited in place keeps its address: nothing to record again
         graphed.model.model.layers[0].post_attention_layernorm.weight.mul_(1.0)
@@ -328,5 +313,5 @@ def test_a_compiled_step_recorded_as_a_graph_writes_the_eager_tokens(one_layer_d
     forward = graphed.runner.cuda_graphs.forward
     assert isinstance(forward, torch._dynamo.eval_frame.OptimizedModule) or \
         hasattr(forward, "_torchdynamo_orig_callable")
-    assert tokens(graphed, [SHORT, LONG]) == tokens(LLM(one_layer_dir, **kw), [SHORT, LONG])
+    assert greedy_tokens(graphed, [SHORT, LONG]) == greedy_tokens(LLM(one_layer_dir, **kw), [SHORT, LONG])
     assert graphed.llm_engine.stats.num_eager_decode_steps == 0

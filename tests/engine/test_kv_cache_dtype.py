@@ -17,6 +17,7 @@ import argparse
 
 import pytest
 import torch
+from decode_runs import greedy_tokens  # tests/ is on sys.path
 
 from tinyinfer import LLM, LLMEngine, SamplingParams
 from tinyinfer_course.analysis import memory
@@ -48,11 +49,6 @@ BROKEN = {
 def break_cache(monkeypatch, name):
     for attr, fn in BROKEN[name].items():
         monkeypatch.setattr(pkc, attr, fn)
-
-
-def greedy(llm, prompts, n):
-    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
 
 def agreement(want, got):
@@ -122,14 +118,15 @@ TINY_FLOOR = 0.9  # int8 agrees with auto on 100% of the tiny model's greedy tok
 
 @pytest.fixture(scope="module")
 def tiny_auto_replies(tiny_dir):
-    return greedy(LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64), PROMPTS, 32)
+    return greedy_tokens(LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64), PROMPTS, 32)
 
 
 @pytest.mark.parametrize("broken", [None, *BROKEN])
 def test_greedy_agreement_on_the_tiny_model(tiny_dir, tiny_auto_replies, monkeypatch, broken):
     if broken:
         break_cache(monkeypatch, broken)
-    got = greedy(LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64, kv_cache_dtype="int8"), PROMPTS, 32)
+    int8 = LLM(tiny_dir, dtype="float32", device="cpu", num_kv_blocks=64, kv_cache_dtype="int8")
+    got = greedy_tokens(int8, PROMPTS, 32)
     share = agreement(tiny_auto_replies, got)
     assert (share >= TINY_FLOOR) == (broken is None), f"{broken or 'int8'}: {share:.0%} of tokens agree"
 
@@ -143,10 +140,10 @@ def test_greedy_agreement_on_the_default_model(llm, monkeypatch, broken):
     once, and the rest follows): benchmarks/kv_int8.py measures how often."""
     if broken:
         break_cache(monkeypatch, broken)
-    want = greedy(llm, PROMPTS[:1], 32)
+    want = greedy_tokens(llm, PROMPTS[:1], 32)
     int8 = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_memory_bytes=16 * 2**20,
                kv_cache_dtype="int8")
-    share = agreement(want, greedy(int8, PROMPTS[:1], 32))
+    share = agreement(want, greedy_tokens(int8, PROMPTS[:1], 32))
     assert (share >= 0.75) == (broken is None), f"{broken or 'int8'}: {share:.0%} of tokens agree"
 
 
@@ -175,22 +172,15 @@ def test_preemption_prefix_caching_and_chunks_keep_int8_replies(tiny_dir, mode):
     assert [list(done[str(i)].outputs[0].token_ids) for i in range(len(prompts))] == [list(a) for a in alone]
 
 
-@pytest.fixture(scope="module")
-def one_layer_dir(tmp_path_factory, default_model_dir):
-    from tiny_model import save_tiny_llama  # tests/ is on sys.path
-
-    return save_tiny_llama(tmp_path_factory.mktemp("one-layer"), default_model_dir, num_hidden_layers=1)
-
-
 @pytest.mark.slow
 def test_compiled_decode_with_an_int8_cache_writes_the_eager_tokens(one_layer_dir):
     """enforce_eager=False: the compiled step quantizes and de-quantizes inside
     its graph; at batch 1 and in a batch of unequal lengths its tokens are the
     eager int8 engine's."""
-    kw = dict(dtype="float32", device="cpu", num_kv_blocks=64, kv_cache_dtype="int8")
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=64, kv_cache_dtype="int8", max_num_seqs=2)  # sizes 1, 2
     eager, compiled = LLM(one_layer_dir, **kw), LLM(one_layer_dir, **kw, enforce_eager=False)
     for prompts in (PROMPTS[:1], PROMPTS[:2]):
-        assert greedy(compiled, prompts, 12) == greedy(eager, prompts, 12), prompts
+        assert greedy_tokens(compiled, prompts, 12) == greedy_tokens(eager, prompts, 12), prompts
     assert compiled.llm_engine.stats.num_eager_decode_steps == 0  # every decode step ran compiled
 
 

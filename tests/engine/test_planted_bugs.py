@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+from decode_runs import greedy_tokens  # tests/ is on sys.path
 
 from tinyinfer import LLM, SamplingParams, cuda_graphs, quant
 from tinyinfer.cpu_linear import bump_generation, repack
@@ -21,16 +22,8 @@ from tinyinfer.paged_kv_cache import PagedKVCache
 PROMPTS = ["The capital of France is", "A recipe for bread starts with flour, water and"]  # 5 and 10 tokens
 
 
-@pytest.fixture(scope="module")
-def one_layer_dir(tmp_path_factory, default_model_dir):
-    from tiny_model import save_tiny_llama  # tests/ is on sys.path
-
-    return save_tiny_llama(tmp_path_factory.mktemp("one-layer"), default_model_dir, num_hidden_layers=1)
-
-
-def tokens(llm, prompts=PROMPTS, max_tokens=5):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+def tokens(llm):
+    return greedy_tokens(llm, PROMPTS)
 
 
 # --- a stand-in for CUDA graphs that replays what it recorded ----------------------------
