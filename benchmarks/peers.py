@@ -98,12 +98,17 @@ def run_server(key: str, peer, ctx: Context, args, tmp: Path) -> tuple[dict, dic
 def machine_meta(args, threads: int) -> dict:
     import torch
 
-    from tinyinfer_course.analysis.hardware import measure_bandwidth
+    from tinyinfer_course.analysis.hardware import measure_bandwidth, measure_matmul_flops
 
+    # The peaks MBU and MFU are taken against (peers.utilisation_sentence): read bandwidth,
+    # and a square matrix product's FLOP/s in each format the rows compute in.
+    peaks = {name: round(measure_matmul_flops("cpu", dtype) / 1e9, 1)
+             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **machine.facts(),
             "threads": threads, "emulation": machine.emulated_isa(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "bandwidth_gb_s": round(measure_bandwidth("cpu") / 1e9, 1), "input_len": args.input_len,
+            "bandwidth_gb_s": round(measure_bandwidth("cpu") / 1e9, 1), "peak_gflops": peaks,
+            "input_len": args.input_len,
             "output_len": args.output_len, "concurrency": args.concurrency, "num_prompts": args.num_prompts,
             "baseline": args.baseline, "llama_cpp_build": args.llama_cpp_build, "note": args.note,
             # which tinyinfer served: the pages compare it with today's code (peers.REPORT.note)

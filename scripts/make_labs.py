@@ -40,7 +40,10 @@ Conventions in a solution notebook:
   stored output holds on every machine; in the lab each becomes None, as in a
   prediction. The next code cell is tagged `check` and grades each name with
   `labcheck.grade_answer(what, name, expected, rel_tol=..., explain=...)`,
-  which prints ✓, or ✗ with the expected value and `explain`. In the lab that
+  which prints ✓, or ✗ with why (never the expected value) and `explain`; only
+  the first answer is graded (labcheck/quiz.py records it). Where the check
+  would show a formula or the question's numbers, the expected values come
+  from `labcheck.quiz_answers` (`**answers[name]`). In the lab that
   check cell's source starts folded (JupyterLab's `source_hidden`), since it
   shows how the answer is computed.
 

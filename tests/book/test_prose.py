@@ -863,6 +863,7 @@ ALLOWED_LITERALS = [
     ("04-prefill-decode.ipynb", "The *Inference 101* source text makes exactly this estimate", "quoted from Inference 101"),
     ("08-fleets.ipynb", "dies 30 s into the run and comes back 30 s later", "settings of the simulated failure"),
     ("08-fleets.ipynb", "(every 2 s here)", "a setting of the simulated load balancer"),
+    ("08-fleets.ipynb", "8 with replica 0 down from 20 s to 50 s", "settings of the routing check's failure case"),
 ]
 
 

@@ -6,6 +6,8 @@ replicas, not the router, not the engine-core process each replica spawns.
 Skipped where vllm-router is not installed (it has wheels for Linux x86_64
 only); the fallback to the simulator is tested everywhere.
 """
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -98,6 +100,7 @@ def test_the_command_stops_everything_on_ctrl_c(tiny_dir):
     # SIGINT ignored, and the fleet never saw the Ctrl-C (the hang of two make test runs).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    pids = set()
     try:
         lines = []
         for line in proc.stdout:
@@ -112,8 +115,12 @@ def test_the_command_stops_everything_on_ctrl_c(tiny_dir):
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
         assert proc.wait(60) == 130  # Fleet.stop() gives up after 20 s, plus 10 s per process
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the fleet did not stop: nor will its replicas and router, so kill them too
+            left = {p for p in pids | descendants(proc.pid) if running(p)}
             proc.kill()
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     assert not [p for p in pids if running(p)]
 
 

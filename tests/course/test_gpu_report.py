@@ -229,3 +229,27 @@ def test_render_can_leave_a_sentence_to_the_page():
     report = gpu_report.load()
     assert "12.7 times the bytes" in gpu_report.render(report)
     assert "12.7 times the bytes" not in gpu_report.render(report, skip=("size",))
+
+
+def test_mbu_and_mfu_against_the_datasheet_of_the_gpu_named():
+    """The seed's 1.7B compiled step: 3.4228 GB in 6.3 ms over the H200's 4.8 TB/s is an
+    MBU of 11.3%; 2 x 1.7114e9 FLOPs in 6.3 ms over 989 TFLOP/s an MFU of 0.0549%. The
+    135M one: 0.269 GB in 7.3 ms, MBU 0.77%, MFU 0.0037%. A batch-1 step's MFU is
+    capped at 1 / ridge = 4.8 / 989 = 0.485%."""
+    report = gpu_report.load()
+    assert gpu_report.datasheet_chip("NVIDIA H200").name == "H200 SXM"
+    assert gpu_report.datasheet_chip("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert gpu_report.datasheet_chip("NVIDIA H100 PCIe") is None and gpu_report.datasheet_chip("Tesla T4") is None
+    row = next(r for r in report["decode"] if (r["shape"], r["batch"], r["mode"]) == ("1.7b", 1, "compiled"))
+    used_bytes, used_flops = gpu_report.utilisation(row, gpu_report.datasheet_chip("NVIDIA H200"))
+    assert used_bytes == pytest.approx(0.11319, rel=1e-4) and used_flops == pytest.approx(5.4934e-4, rel=1e-4)
+    text = gpu_report.render(report)
+    assert "| MBU, datasheet | MFU, datasheet |" in text and "| 6.3¹ |" in text
+    assert ("Against the H200 SXM datasheet, the fastest batch-1 step of the 135M shape (compiled) had an MBU of "
+            "0.8% and an MFU of 0.0037%, and that of the 1.7B shape (compiled) had an MBU of 11% and an MFU of "
+            "0.055%.") in text
+    assert "could not pass 0.5% (1 over the ridge point, 206 FLOP per byte)" in text
+    unknown = copy.deepcopy(gpu_report.load())
+    unknown["meta"]["device"] = "Tesla T4"
+    assert gpu_report.utilisation_sentence(unknown) == ""
+    assert "no datasheet for this GPU" in gpu_report.decode_table(unknown)

@@ -298,3 +298,50 @@ def test_datasheet_chips_run_through_the_roofline():
         t = hw.forward_cost(70e9, bytes_per_param=2).time(chip.roofline)
         assert t == pytest.approx(140e9 / chip.roofline.bandwidth, rel=1e-9)
     assert hw.CHIPS["H200 SXM"].roofline.bandwidth == 4.8e12
+
+
+# --- MFU and MBU: how close a measured step came to the chip's peaks -----------------
+
+def test_mfu_and_mbu_by_hand():
+    """A 7B model in 16 bits, batch-1 decode in 20 ms on an H100: 2 x 7e9 = 1.4e10 FLOPs
+    in 0.02 s is 7e11 FLOP/s, 7e11 / 989e12 = 0.070779% of the peak; the 1.4e10 bytes of
+    weights in 0.02 s are 7e11 B/s, 7e11 / 3.35e12 = 20.896% of the bandwidth."""
+    assert hw.mfu(2 * 7e9, 0.02, 989e12) == pytest.approx(7.0779e-4, rel=1e-4)
+    assert hw.mbu(2 * 7e9, 0.02, 3.35e12) == pytest.approx(0.208955, rel=1e-5)
+    both = hw.utilisation(hw.forward_cost(7e9), 0.02, H100)
+    assert (both.mfu, both.mbu) == (pytest.approx(7.0779e-4, rel=1e-4), pytest.approx(0.208955, rel=1e-5))
+    assert str(both) == "MFU 0.07%, MBU 20.9%"
+    with pytest.raises(ValueError, match="seconds"):
+        hw.mbu(1e9, 0.0, 3.35e12)
+
+
+def test_a_step_on_the_roofline_has_its_bound_utilisation_at_one():
+    """On the roofline the binding resource is used in full, and MFU / MBU is the
+    intensity over the ridge: 140 GB at batch 1 takes 41.791 ms, MBU 1, MFU
+    1.4e11 / 0.041791 / 989e12 = 0.33873% (= 1 FLOP/byte x 3.35 / 989)."""
+    decode = hw.forward_cost(70e9)
+    u = hw.utilisation(decode, decode.time(H100), H100)
+    assert u.mbu == pytest.approx(1.0) and u.mfu == pytest.approx(3.3873e-3, rel=1e-4)
+    prefill = hw.forward_cost(70e9, new_tokens=2000)
+    u = hw.utilisation(prefill, prefill.time(H100), H100)
+    assert u.mfu == pytest.approx(1.0) and u.mbu == pytest.approx(H100.ridge_point / prefill.intensity)  # 0.148
+    slower = hw.utilisation(decode, 2 * decode.time(H100), H100)  # half the speed: half of both
+    assert slower.mbu == pytest.approx(0.5)
+    assert slower.mfu / slower.mbu == pytest.approx(decode.intensity / H100.ridge_point)
+
+
+# --- expert parallelism: the all-to-all ----------------------------------------------
+
+def test_all_to_all_bytes_and_time_by_hand():
+    """8 tokens on a device, top-8, hidden 7,168, 16-bit, EP = 32: 8 x 8 x 7168 x 2 =
+    917,504 bytes of copies, 31/32 of them leave the device: 888,832 bytes. Across the
+    network between 8-GPU servers only 24/32 do: 688,128 bytes, 55.05 us at 12.5 GB/s;
+    with 20 us of latency, dispatch and combine take 2 x 75.05 = 150.10 us."""
+    assert hw.all_to_all_bytes(8, 8, 7168, 32) == pytest.approx(888_832)
+    assert hw.all_to_all_bytes(8, 8, 7168, 32, local=8) == pytest.approx(688_128)
+    network = hw.Link("test network", bandwidth=12.5e9, latency=20e-6)
+    assert hw.all_to_all_time(8, 8, 7168, 32, network, local=8) == pytest.approx(150.1005e-6, rel=1e-6)
+    assert hw.all_to_all_time(8, 8, 7168, 32, NVLINK) == pytest.approx(2 * (3e-6 + 888_832 / 450e9), rel=1e-9)
+    assert hw.all_to_all_time(8, 8, 7168, 1, NVLINK) == 0.0  # one device: no exchange
+    with pytest.raises(ValueError, match="local"):
+        hw.all_to_all_bytes(8, 8, 7168, 4, local=8)

@@ -76,6 +76,8 @@ def test_hand_worked_mask_rows_agree_with_the_scan():
         assert labcheck.scan_allowed_tokens(prefix, choices, beyond._VOCAB, 0) == want, note
         if k in beyond._GROWN_ROWS:
             assert labcheck.scan_allowed_tokens(prefix, choices, grown, 0) == want, note
+    for prefix, choices, want, note in beyond._SPACE_CASES:  # token 0 has text there; end-of-sequence is 6
+        assert labcheck.scan_allowed_tokens(prefix, choices, beyond._SPACE_VOCAB, beyond._SPACE_EOS) == want, note
 
 
 def test_count_lines_counts_work_not_time():

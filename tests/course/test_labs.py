@@ -7,17 +7,21 @@ new check as soon as it has a wrong implementation in WRONG below).
 import ast
 import importlib.util
 import inspect
+import json
 import linecache
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
 import torch
 from make_labs_module import load_make_labs  # tests/ is on sys.path
 
+from tinyinfer.config import ModelConfig
 from tinyinfer_course import labcheck
 from tinyinfer_course.labcheck.core import first_difference
 
@@ -206,7 +210,7 @@ def _collect(attr: str) -> dict:
         spec = importlib.util.spec_from_file_location(f"lab_cases_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        merged.update(getattr(module, attr))
+        merged.update(getattr(module, attr, {}))  # ALTERNATIVES is optional
     return merged
 
 
@@ -222,6 +226,7 @@ def _collect(attr: str) -> dict:
 WRONG = _collect("WRONG")
 REFERENCE = _collect("REFERENCE")
 ANSWERS = _collect("ANSWERS")
+ALTERNATIVES = _collect("ALTERNATIVES")  # optional: more correct versions, each unlike the others
 CHECKS = sorted(name for name in dir(labcheck) if name.startswith("check_"))
 
 
@@ -264,10 +269,122 @@ def test_check_fails_on_wrong_implementations(check, capsys):
             assert WHERE.search(out.rstrip().splitlines()[-1]), out
 
 
+# A ✗ says why (issue 56 item 6). Its first line names the check and the case,
+# then come "expected ..." and "got ..."; a reason line is any other line of at
+# least three words: where the two differ, what was refused, what was raised.
+# These three checks' messages are other helpers' work in issue 56; remove a
+# name once its check passes.
+REASON_PENDING = {"check_allowed_tokens"}
+# Checks whose "expected" and "got" lines are themselves sentences that say what differs
+# (a chi-square against its bound; calls counted and the fastest one's time).
+REASON_IN_EXPECTED_AND_GOT = {"check_sample", "check_time_step"}
+
+
+def reason_lines(out: str) -> list[str]:
+    """Lines of a ✗ after the first, indented by four (deeper ones continue a value), that are
+    not "expected ..." or "got ...", of three words or more."""
+    _, *rest = out.rstrip().splitlines()
+    return [line.strip() for line in rest
+            if re.match(r"    \S", line) and not re.match(r"    (expected|got)\b", line) and len(line.split()) >= 3]
+
+
+@pytest.mark.parametrize("check", [pytest.param(c, marks=[pytest.mark.xfail(
+    c in REASON_PENDING, strict=False, reason="its message is another helper's work (issue 56 item 6)")])
+    for c in CHECKS])
+def test_a_failing_check_says_why(check, capsys):
+    """Each check, on the first of its wrong versions in tests/course/lab_cases."""
+    assert getattr(labcheck, check)(WRONG[check][0]) is False
+    out = capsys.readouterr().out
+    assert out.startswith("✗") and (reason_lines(out) or check in REASON_IN_EXPECTED_AND_GOT), out
+
+
+def _int4_rounded(rounding):
+    """Asymmetric INT4 with codes rounded by `rounding` instead of to the nearest."""
+    def quantize_int4(w, group_size):
+        g = w.reshape(w.shape[0], -1, group_size)
+        lo, hi = g.amin(-1), g.amax(-1)
+        scales = (hi - lo) / 15
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        q = rounding((g - lo[..., None]) / safe[..., None]).clamp(0, 15)
+        return q.reshape(w.shape).to(torch.uint8), scales, lo
+    return quantize_int4
+
+
+class _TokenMajorCache:
+    """Right logits, but the slabs in the model's [batch, tokens, KV heads, head_dim]
+    order, not [layers, batch, KV heads, max_len, head_dim]."""
+
+    attention = update_kv_cache = None  # the check gives the course's
+
+    def __init__(self, config, batch_size, max_len, dtype, device):
+        shape = (config.num_hidden_layers, batch_size, max_len, config.num_key_value_heads, config.head_dim)
+        self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def visible_length(self, positions):
+        n = int(positions.max()) + 1
+        if n > self.max_len:
+            raise ValueError(f"position {n - 1} does not fit")
+        return n
+
+    def attend(self, layer, q, k, v, meta):
+        B, T = q.shape[:2]
+        start = int(meta.positions[0, 0])
+        self.k[layer, :B, start:start + T], self.v[layer, :B, start:start + T] = k, v
+        keys, values = self.k[layer, :B, :start + T].transpose(1, 2), self.v[layer, :B, :start + T].transpose(1, 2)
+        return self.attention(q.transpose(1, 2), keys, values).transpose(1, 2).flatten(2)
+
+
+def _tiled_max_from_zero(q, k, v, tile):
+    """Online softmax with the running max started at 0: right until every score
+    of a row is very negative, then 0 / 0. The message must say where the NaN
+    is, not guess why (the same NaN comes from an inf x 0 in a merge)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    Tq, Tk = q.shape[2], k.shape[2]
+    q = q / q.shape[-1] ** 0.5
+    m = torch.zeros((*q.shape[:-1], 1))
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for start in range(0, Tk, tile):
+        scores = q @ k[:, :, start:start + tile].transpose(-1, -2)
+        key_pos = torch.arange(start, start + scores.shape[-1])[None, :]
+        scores = scores.masked_fill(key_pos > torch.arange(Tk - Tq, Tk)[:, None], float("-inf"))
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p, rescale = (scores - m_new).exp(), (m - m_new).exp()
+        l, acc = l * rescale + p.sum(-1, keepdim=True), acc * rescale + p @ v[:, :, start:start + tile]
+        m = m_new
+    return acc / l
+
+
+@pytest.mark.parametrize("check, wrong, says, never", [
+    ("check_quantize_int4", _int4_rounded(torch.floor),
+     ["codes are off by one, more than the 1% the check allows", "first difference at [", "rounded down"], []),
+    ("check_quantize_int4", _int4_rounded(torch.trunc), ["codes are off by one", "rounded down"], []),
+    ("check_kv_cache", _TokenMajorCache,
+     ["cache.k differs in shape: [2, 1, 12, 2, 16], expected [2, 1, 2, 12, 16]",
+      "[layers, batch, KV heads, max_len, head_dim]", "positions written so far"], []),
+    ("check_tiled_attention", _tiled_max_from_zero, ["NaN in ", " rows: head 0 query 0", "first difference at"],
+     ["must start", "-inf"]),
+])
+def test_failure_messages_say_what_differs(check, wrong, says, never, capsys):
+    """The ✗ messages the 12-07 review found silent, or naming a cause that was not the student's."""
+    assert getattr(labcheck, check)(wrong) is False
+    out = capsys.readouterr().out
+    assert all(text in out for text in says) and not any(text in out for text in never), out
+
+
 @pytest.mark.parametrize("check", CHECKS)
 def test_check_passes_on_reference(check, capsys):
     assert getattr(labcheck, check)(REFERENCE[check]()) is True
     assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("check", sorted(ALTERNATIVES))
+def test_check_passes_on_every_correct_alternative(check, capsys):
+    """No correct version is refused: each other correct way a lab case lists passes too."""
+    for alternative in ALTERNATIVES[check]:
+        assert getattr(labcheck, check)(alternative) is True, (alternative, capsys.readouterr().out)
+        assert capsys.readouterr().out.startswith("✓")
 
 
 def _wrapped(answer):
@@ -457,29 +574,71 @@ def test_quiz_cells_are_blank_in_the_lab_and_graded_after(path):
         assert lab.cells[lj].metadata.get("jupyter", {}).get("source_hidden") is True
 
 
-UNIT_FACTORS = {1, 2, 20, 1e3, 1e6, 1e9, 1e12}  # unit changes (ms, MB, 2**20 bytes), no answer
+UNIT_FACTORS = {0, 1, 2, 20, 1e3, 1e6, 1e9, 1e12}  # unit changes (ms, MB, 2**20 bytes) and a first index: no answer
+
+
+def _cell_assignments(tree) -> dict:
+    """name -> the expression a cell assigns it (`n, k = w.shape`: both names -> w.shape)."""
+    assigned = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs = zip(target.elts, node.value.elts)
+                else:
+                    pairs = [(t, node.value) for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+                for name, value in pairs:
+                    if isinstance(name, ast.Name):
+                        assigned.setdefault(name.id, value)
+    return assigned
+
+
+def _made_of(expr, assigned: dict, seen: set):
+    """expr and every expression it reads through the names its cell assigns."""
+    yield expr
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name) and node.id in assigned and node.id not in seen:
+            seen.add(node.id)
+            yield from _made_of(assigned[node.id], assigned, seen)
+
+
+def _constant(node) -> bool:
+    """Made of numbers alone (2 ** 20)."""
+    return all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp))
+               for n in ast.walk(node) if isinstance(n, ast.expr))
 
 
 def shown_answers(check_source: str) -> list[str]:
-    """What a quiz's check cell gives away in its source: a number the expected
-    value is computed with (other than a unit change), or a number of two or more
-    digits in a plain-text explanation. Some front-ends (VS Code, Colab) ignore
-    the lab's folding of the check cell, so its source must not hold the answer;
-    labcheck.quiz_answers holds the formulas that are the question."""
+    """What a quiz's check cell gives away in its source. Some front-ends (VS
+    Code, Colab) ignore the lab's folding of the check cell, so its source must
+    not hold the answer, nor a way to it that copying gives:
+    - an expected value computed with the question's own numbers (other than a
+      unit change), in arithmetic, passed to a given function (intensity(64, n,
+      k, 4)), or through a name the cell assigns (prompt = list(range(100)));
+    - an expected value written as a formula: arithmetic between two values of
+      the run (sent - hits);
+    - an explanation that is an f-string: it prints the run's numbers, the
+      answer or the terms that make it up, under the ✗;
+    - a number of two or more digits in a plain-text explanation.
+    labcheck.quiz_answers computes such values out of sight (`**answers[name]`)."""
     shown = []
-    for call in ast.walk(ast.parse(check_source)):
+    tree = ast.parse(check_source)
+    assigned = _cell_assignments(tree)
+    for call in ast.walk(tree):
         if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "labcheck.grade_answer"):
             continue
         expected = call.args[2] if len(call.args) > 2 else next(
             (kw.value for kw in call.keywords if kw.arg == "expected"), None)
-        # A number in arithmetic writes the formula out; one passed to a function (intensity(64, n, k, 4))
-        # or used as an index (ranked[0]) does not.
-        operands = [side for op in ast.walk(expected or ast.Pass()) if isinstance(op, ast.BinOp)
-                    for side in (op.left, op.right)]
-        for node in operands:
-            if isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.value not in UNIT_FACTORS:
-                shown.append(f"expected computed with {node.value!r}: {ast.unparse(expected)}")
+        for part in _made_of(expected, assigned, set()) if expected is not None else ():
+            for node in ast.walk(part):
+                if isinstance(node, ast.Constant) and type(node.value) in (int, float) \
+                        and node.value not in UNIT_FACTORS:
+                    shown.append(f"expected computed with {node.value!r}: {ast.unparse(part)}")
+                if isinstance(node, ast.BinOp) and not _constant(node.left) and not _constant(node.right):
+                    shown.append(f"expected written as a formula: {ast.unparse(node)}")
         explain = next((kw.value for kw in call.keywords if kw.arg == "explain"), None)
+        if isinstance(explain, ast.JoinedStr):
+            shown.append(f"explain is an f-string, which prints the run's numbers: {ast.unparse(explain)[:100]}")
         number = re.search(r"(?<![\w.])\d[\d,.]*\d", explain.value) if isinstance(explain, ast.Constant) else None
         if number:
             shown.append(f"explain states {number.group(0)}: {explain.value}")
@@ -526,8 +685,14 @@ def test_answer_leaks_finds_an_expected_value_made_from_the_answer():
 def test_shown_answers_finds_a_worked_answer():
     assert shown_answers("ok = labcheck.grade_answer('q', a, 10 * first + 45 * step)")
     assert shown_answers("ok = labcheck.grade_answer('q', a, b, explain='46,080 x 8,192 = 360 MiB')")
+    assert shown_answers("ok = labcheck.grade_answer('q', a, b, explain=f'{b:,} bytes')")  # whatever it prints
+    assert shown_answers("s, h = c['sent'], c['hits']\nok = labcheck.grade_answer('q', a, s - h)")  # the formula
+    assert shown_answers("n, k = w.shape\nok = labcheck.grade_answer('q', a, intensity(64, n, k, 4))")
+    assert shown_answers("p = list(range(100))\nh = hashes(p, B)\nok = labcheck.grade_answer('q', a, len(h))")
     assert not shown_answers("ok = labcheck.grade_answer('q', a, full.kv_total / 2**20, rel_tol=0.01, "
-                             "explain=f'{full.kv_total:,} bytes')")
+                             "explain='Bytes per token times tokens.')")
+    assert not shown_answers("answers = labcheck.quiz_answers.cache_work(200, 50)\n"
+                             "ok = labcheck.grade_answer('q', a, **answers['without'], rel_tol=0)")
 
 
 def test_quiz_cells_refuse_literal_answers_and_ungraded_names():
@@ -549,7 +714,14 @@ def test_quiz_cells_refuse_literal_answers_and_ungraded_names():
     assert make_labs.quiz_pairs(nbformat.v4.new_notebook(cells=[quiz, both]), "t") == [(0, 1)]
 
 
-def test_grade_answer_passes_right_numbers_and_choices(capsys):
+@pytest.fixture
+def quiz_record(tmp_path, monkeypatch):
+    """A fresh record of first attempts: labcheck.quiz.record_path() in tmp_path."""
+    monkeypatch.setenv("TINYINFER_MY_ENGINE", str(tmp_path))
+    return tmp_path / labcheck.quiz.RECORD_NAME
+
+
+def test_grade_answer_passes_right_numbers_and_choices(quiz_record, capsys):
     assert labcheck.grade_answer("KV cache (MiB)", 361.0, 360.0, rel_tol=0.01) is True
     assert capsys.readouterr().out == "✓ KV cache (MiB): right (within 1%)\n"
     assert labcheck.grade_answer("share", 0.104, 0.1, rel_tol=0, abs_tol=0.005) is True
@@ -560,7 +732,7 @@ def test_grade_answer_passes_right_numbers_and_choices(capsys):
         "✓ share: right (within ±0.005)", "✓ n: right (exactly)", "✓ t: right (within 5%)", "✓ winner: right"]
 
 
-def test_grade_answer_prints_no_measured_digits_when_right(capsys):
+def test_grade_answer_prints_no_measured_digits_when_right(quiz_record, capsys):
     """Solutions compute answer and expected from their own run: the ✓ line must
     not depend on the values, or strict nbval would fail on another machine."""
     for value in (0.31, 0.47, 123.4):
@@ -569,28 +741,209 @@ def test_grade_answer_prints_no_measured_digits_when_right(capsys):
     assert len(set(lines)) == 1 and not re.search(r"\d", lines[0].replace("5%", "")), lines
 
 
+# A number in a ✗ message that would be graded right, or a rounding of the expected
+# value: "46,080", "360", "0.31", "31%". The reader's own answer is left out.
+NUMBER = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?)(%?)")
+
+
+def stated_expected(text: str, expected, rel_tol: float = 0.0, abs_tol: float = 0.0) -> list[str]:
+    """The string forms of `expected` found in `text`: the option itself for a
+    choice; for a number, any number printed within the grading tolerance or
+    within 1% (the roundings a message would print: 360, 3.6e+02, 46,080)."""
+    if isinstance(expected, str):
+        return [expected] if expected.casefold() in text.casefold() else []
+    found = []
+    for number, percent in NUMBER.findall(text):
+        value = float(number.replace(",", "")) / (100 if percent else 1)
+        if math.isclose(value, abs(expected), rel_tol=max(rel_tol, 0.01), abs_tol=abs_tol):
+            found.append(number + percent)
+    return found
+
+
+def _after_the_question(out: str, what: str, answer) -> str:
+    """What a ✗ says after `✗ what: `, without the reader's own answer and the tolerance."""
+    assert out.startswith(f"✗ {what}: "), out
+    said = out[len(f"✗ {what}: "):]
+    if isinstance(answer, (int, float)):
+        said = said.replace(f"you answered {labcheck.quiz._number(float(answer))}", "you answered ...")
+    return re.sub(r"\(Right is (within|exactly)[^)]*\)", "(the tolerance)", said)
+
+
 @pytest.mark.parametrize("answer, expected, kwargs, said", [
-    (340.0, 360.0, {"rel_tol": 0.05}, "you answered 340, expected 360 (within 5%)"),  # off by more than 5%
-    (0.2, 0.1, {"rel_tol": 0, "abs_tol": 0.05}, "expected 0.1 (within ±0.05)"),
+    (340.0, 360.0, {"rel_tol": 0.01}, "you answered 340: too low, but not far off"),
+    (0.2, 0.1, {"rel_tol": 0, "abs_tol": 0.05}, "too high, about twice the answer"),
+    (0.05, 0.1, {}, "too low, about half the answer"),
+    (360e3, 360.0, {}, "too high by about three orders of magnitude: check the unit"),
+    (360.0, 360 * 2 ** 20 / 1e6, {"rel_tol": 0.01}, "too low by the ratio of a MiB (a power of two) to a MB"),
+    (8, 7, {"rel_tol": 0}, "too high, by a count of one or two"),
+    (-3.0, 3.0, {}, "the sign is wrong"),
+    (1.2, 3.0, {}, "too low, by less than an order of magnitude"),
+    ("bf16", "int4", {"options": ["int4", "bf16"]}, "you chose 'bf16', which is not the right option"),
+])
+def test_grade_answer_says_why_a_wrong_answer_is_wrong_but_not_the_expected_value(answer, expected, kwargs, said,
+                                                                                  quiz_record, capsys):
+    assert labcheck.grade_answer("q", answer, expected, explain="Because of this.", **kwargs) is False
+    out = capsys.readouterr().out
+    assert said in out and "\n    Because of this.\n" in out, out
+    assert not stated_expected(_after_the_question(out, "q", answer), expected, kwargs.get("rel_tol", 0.05),
+                               kwargs.get("abs_tol", 0.0)), out
+
+
+@pytest.mark.parametrize("answer, expected, kwargs, said", [
     ("360", 360.0, {}, "answer with a number, not str '360'"),  # wrong type
     (True, 1.0, {}, "answer with a number, not bool"),
     (torch.ones(3), 1.0, {}, "answer with a number, not Tensor"),
-    ("bf16", "int4", {"options": ["int4", "bf16"]}, "you chose 'bf16'; the answer is 'int4'"),  # wrong option
     ("fp8", "int4", {"options": ["int4", "bf16"]}, "'fp8' is not one of the options"),
     (4, "int4", {"options": ["int4", "bf16"]}, "answer with one of ['int4', 'bf16'] (a string), not int 4"),
 ])
-def test_grade_answer_fails_wrong_answers_with_the_expected_value_and_why(answer, expected, kwargs, said, capsys):
+def test_grade_answer_refuses_answers_of_the_wrong_kind_and_does_not_count_them(answer, expected, kwargs, said,
+                                                                                 quiz_record, capsys):
     assert labcheck.grade_answer("q", answer, expected, explain="Because of this.", **kwargs) is False
     out = capsys.readouterr().out
     assert out.startswith("✗ q: ") and said in out and out.endswith("\n    Because of this.\n"), out
+    assert not quiz_record.exists()  # not an attempt: the first real answer is still to come
 
 
-def test_grade_answer_reminds_on_none_and_never_raises(capsys):
+def test_grade_answer_withholds_a_note_that_states_the_answer(quiz_record, capsys):
+    for note in ("46,080 bytes in all.", "That is 4.6e+04 bytes.", "46080"):
+        assert labcheck.grade_answer("bytes", 100.0, 46080.0, explain=note) is False
+        out = capsys.readouterr().out
+        assert "withheld" in out and not stated_expected(_after_the_question(out, "bytes", 100.0), 46080.0), out
+    assert labcheck.grade_answer("winner", "bf16", "int4", options=["int4", "bf16"], explain="INT4 wins.") is False
+    assert "INT4" not in capsys.readouterr().out
+
+
+def test_only_the_first_attempt_counts_and_is_recorded(quiz_record, capsys):
+    assert labcheck.grade_answer("KV cache (MiB)", 340.0, 360.0, rel_tol=0.01) is False
+    assert "Only your first answer is recorded" in capsys.readouterr().out
+    assert labcheck.grade_answer("KV cache (MiB)", 300.0, 360.0, rel_tol=0.01) is False
+    assert "Only your first" not in capsys.readouterr().out
+    assert labcheck.grade_answer("KV cache (MiB)", 361.0, 360.0, rel_tol=0.01) is True
+    assert capsys.readouterr().out == ("✓ KV cache (MiB): right (within 1%), but not on the first attempt: your "
+                                       "first answer, 340, is the one recorded\n")
+    assert labcheck.grade_answer("share", 0.1, 0.1) is True  # right at once: the plain ✓, every time
+    assert labcheck.grade_answer("share", 0.5, 0.1) is False  # a later wrong answer does not undo it
+    assert labcheck.grade_answer("share", 0.1, 0.1) is True
+    assert capsys.readouterr().out.splitlines()[::2] == ["✓ share: right (within 5%)"] * 2
+    assert labcheck.grade_answer("winner", "bf16", "int4", options=["int4", "bf16"]) is False
+    assert labcheck.grade_answer("q", None, 1.0) is False  # blank: not an attempt
+    record = json.loads(quiz_record.read_text())
+    assert record["questions"] == {
+        "KV cache (MiB)": {"first_answer": 340.0, "first_right": False, "attempts": 3, "right_on_attempt": 3},
+        "share": {"first_answer": 0.1, "first_right": True, "attempts": 3, "right_on_attempt": 1},
+        "winner": {"first_answer": "bf16", "first_right": False, "attempts": 1, "right_on_attempt": None}}
+    assert quiz_record == labcheck.quiz.record_path() and quiz_record.parent == labcheck.my_engine.folder()
+
+
+def test_grading_goes_on_when_the_record_cannot_be_kept(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TINYINFER_MY_ENGINE", str(blocker))  # the record's folder cannot be made
+    assert labcheck.grade_answer("q", 3.0, 3.0) is True
+    assert capsys.readouterr().out == "✓ q: right (within 5%)\n"
+    monkeypatch.setenv("TINYINFER_MY_ENGINE", str(tmp_path))
+    (tmp_path / labcheck.quiz.RECORD_NAME).write_text("{not json")  # a damaged record starts again
+    assert labcheck.grade_answer("q", 1.0, 3.0) is False
+    assert json.loads((tmp_path / labcheck.quiz.RECORD_NAME).read_text())["questions"]["q"]["first_right"] is False
+
+
+def test_grade_answer_reminds_on_none_and_never_raises(quiz_record, capsys):
     assert labcheck.grade_answer("q", None, 3.0) is False
     assert "no answer yet" in capsys.readouterr().out
     for expected in (float("nan"), None, object()):  # the course's mistake, still no exception
         assert labcheck.grade_answer("q", 1.0, expected) is False
         assert capsys.readouterr().out.startswith("✗ q: could not be graded")
+
+
+# Sample inputs for every function of labcheck.quiz_answers: the quizzes' real
+# numbers where they are fixed (lab 5's prompt, lab 7's blocks, lab 11's
+# fleet), numbers like a run's elsewhere.
+QUIZ_ANSWER_SAMPLES = {
+    "tokenizers": dict(technical_tokens=3412, technical_words=1523,
+                       chinese_tokens={"SmolLM2": 91, "cl100k_base": 57}),
+    "kv_full_context": dict(config=ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                               num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                               head_dim=64, max_position_embeddings=8192)),
+    "min_p_cut": dict(logits=torch.linspace(9.0, -3.0, 400), paris_id=0, the_id=100,
+                      open_probs=torch.softmax(torch.linspace(4.0, -4.0, 400), -1)),
+    "down_proj_intensity": dict(weight_shape=(576, 1536)),
+    "cache_work": dict(prompt_len=200, new_tokens=50),
+    "prefix_blocks": dict(block_size=16),
+    "server_counters": dict(counters={"vllm:prompt_tokens_total": 97.0, "vllm:prefix_cache_hits_total": 32.0}),
+    "ten_turns": dict(off=[{"prompt": 41 + 37 * n, "hit": 0} for n in range(4)],
+                      on=[{"prompt": 41 + 37 * n, "hit": 0 if n == 0 else 32 * n + 16} for n in range(4)]),
+    "decode_gathers": dict(num_requests=16, num_layers=30),
+    "speculative": dict(code_stats=SimpleNamespace(num_accepted=61, num_proposed=100), k=4, tokens_per_pass=2.7,
+                        pass_cost=1.25),
+}
+
+
+def _quiz_grades() -> list:
+    """(what, the grade_answer call, the quiz_answers call it takes **answers from or None) for every quiz."""
+    found = []
+    for path in SOLUTIONS:
+        nb = nbformat.read(path, as_version=4)
+        for _, j in make_labs.quiz_pairs(nb, path.name):
+            tree = ast.parse(nb.cells[j].source)
+            helpers = {target.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                       and isinstance(node.value, ast.Call)
+                       and ast.unparse(node.value.func).startswith("labcheck.quiz_answers.")
+                       for target in node.targets if isinstance(target, ast.Name)}
+            for call in ast.walk(tree):
+                if isinstance(call, ast.Call) and ast.unparse(call.func) == "labcheck.grade_answer":
+                    what = ast.literal_eval(call.args[0])
+                    spread = [kw.value for kw in call.keywords if kw.arg is None]
+                    helper = helpers[spread[0].value.id] if spread else None
+                    found.append(pytest.param(what, call, helper, id=f"{path.stem}-{what}"))
+    return found
+
+
+def test_quiz_questions_are_unique_and_every_answers_function_has_a_sample():
+    """The record of first attempts is keyed by the question's text."""
+    params = _quiz_grades()
+    whats = [p.values[0] for p in params]
+    assert len(whats) == len(set(whats)), sorted(w for w in whats if whats.count(w) > 1)
+    used = {ast.unparse(p.values[2].func).rsplit(".", 1)[1] for p in params if p.values[2] is not None}
+    assert used <= set(QUIZ_ANSWER_SAMPLES), used - set(QUIZ_ANSWER_SAMPLES)
+
+
+def _wrong_numbers(expected: float) -> list[float]:
+    """Answers a reader gets wrong: a unit off, a factor of 2, a few percent, a count off by one."""
+    return [expected * f for f in (1e3, 1e-3, 10, 0.1, 2, 0.5, 1.3, 0.7, 2 ** 20 / 1e6, 1e6 / 2 ** 20)] + \
+        [expected + 1, expected - 1, expected + 2]
+
+
+@pytest.mark.parametrize("what, call, helper", _quiz_grades())
+def test_no_quiz_prints_its_expected_value_under_a_wrong_answer(what, call, helper, quiz_record, capsys):
+    """Every quiz of every lab, graded with its own question, tolerance and
+    explanation, on wrong answers: the ✗ never states the expected value. The
+    expected values come from labcheck.quiz_answers on sample inputs, or are
+    sample numbers where the cell computes them with the engine (its
+    explanation then a plain string: test_quiz_checks_do_not_show_the_answer)."""
+    tolerances = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg in ("rel_tol", "abs_tol")}
+    if helper is not None:
+        answers = getattr(labcheck.quiz_answers, ast.unparse(helper.func).rsplit(".", 1)[1])(
+            **QUIZ_ANSWER_SAMPLES[ast.unparse(helper.func).rsplit(".", 1)[1]])
+        (spread,) = [kw.value for kw in call.keywords if kw.arg is None]
+        graded = [answers[ast.literal_eval(spread.slice)]]
+    else:
+        explain = next((kw.value for kw in call.keywords if kw.arg == "explain"), ast.Constant(""))
+        graded = [{"expected": e, "explain": ast.literal_eval(explain)} for e in (0.0123, 4.56, 78.9, 360.0, 46080.0)]
+    for grade in graded:
+        expected = grade["expected"]
+        if isinstance(expected, str):
+            options = {"options": [expected, "another option"]}
+            wrong = ["another option"]
+        else:
+            options = {}
+            wrong = [w for w in _wrong_numbers(float(expected)) if not math.isclose(
+                w, expected, rel_tol=tolerances.get("rel_tol", 0.05), abs_tol=tolerances.get("abs_tol", 0.0))]
+        for answer in wrong:
+            assert labcheck.grade_answer(what, answer, **grade, **tolerances, **options) is False
+            out = capsys.readouterr().out
+            said = _after_the_question(out, what, answer)
+            assert not stated_expected(said, expected, **tolerances), (answer, expected, out)
+            assert "withheld" not in said, out  # the course's own note never states the answer
 
 
 # "about N minutes: <part> M, <part> M, ..." in a lab's first cell, up to the first full stop.

@@ -97,3 +97,23 @@ def test_moe_step_time_at_batch_one_reads_the_active_weights():
     assert step.total == pytest.approx(MIXTRAL.decode_cost(1).time(H100))  # all memory-bound: the two agree
     with pytest.raises(ValueError, match="batch"):
         MIXTRAL.decode_step_time(H100, 0)
+
+
+# --- a skewed router: the busiest expert and the busiest device ------------------------
+
+def test_zipf_popularity_expert_and_device_loads_by_hand():
+    """Four experts, exponent 1: shares 1, 1/2, 1/3, 1/4 over 25/12, i.e. 12/25, 6/25,
+    4/25, 3/25. 100 tokens at top-1: 48, 24, 16, 12 tokens. Dealt over 2 devices (ranks
+    1 and 3 on one, 2 and 4 on the other): 64 and 36, so the busiest has 1.28 x the mean 50."""
+    from tinyinfer_course.analysis.moe import device_loads, expert_loads, zipf_popularity
+    share = zipf_popularity(4, 1.0)
+    assert share == pytest.approx([0.48, 0.24, 0.16, 0.12])
+    assert zipf_popularity(8, 0.0) == pytest.approx([1 / 8] * 8)  # exponent 0: the uniform router
+    loads = expert_loads(100, 1, share)
+    assert loads == pytest.approx([48, 24, 16, 12])
+    assert device_loads(loads, 2) == pytest.approx([64, 36])
+    assert expert_loads(100, 2, zipf_popularity(8, 0.5)).sum() == pytest.approx(200)  # every choice lands
+    with pytest.raises(ValueError, match="choose one expert twice"):
+        expert_loads(100, 4, share)  # 4 x 0.48 > 1
+    with pytest.raises(ValueError, match="ep"):
+        device_loads(loads, 3)

@@ -133,10 +133,20 @@ def test_table_has_ratios_against_the_baseline_and_names_the_vector_units():
     assert "AMD EPYC 7B13, 2 cores, 2 threads per server" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == 10  # 5 engines x 2 concurrencies, c = 1 first
-    assert rows[0].startswith("| tinyinfer serve, bf16 | 1 | 14.3 | 1,846 ms | 48.6 ms | 0.33x | 3.23x | 3.60x | 64 |")
-    assert "| **llama.cpp llama-server, Q4_1 GGUF** | 1 | 44.0 | 571 ms | 13.5 ms | 1.00x | 1.00x | 1.00x |" in text
+    assert rows[0].startswith("| tinyinfer, bf16 | 1 | 14.3 | 1,846 ms | 48.6 ms | 0.33x | 3.23x | 3.60x | 64 |")
+    assert "| **llama.cpp, Q4_1 GGUF** | 1 | 44.0 | 571 ms | 13.5 ms | 1.00x | 1.00x | 1.00x |" in text
     assert "| vLLM CPU 0.32, bf16 | 32 | 12.3 | 77,076 ms | 1,422.0 ms | 0.21x | 85.64x | 3.56x | 64 |" in text
-    assert "Baseline (bold): llama.cpp llama-server, Q4_1 GGUF." in text
+    assert "Baseline (bold): llama.cpp, Q4_1 GGUF." in text
+
+
+def test_engine_names_are_short_and_hold_no_flags():
+    """A table cell names the engine, not its command line: '--no-enforce-eager' in a
+    Markdown cell printed as an en dash, 26 times on the site."""
+    assert peers.short_label("tinyinfer serve --no-enforce-eager") == "tinyinfer compiled"
+    assert peers.short_label("tinyinfer serve") == "tinyinfer"
+    assert peers.short_label("llama.cpp abc1234 llama-server (AVX2 build)") == "llama.cpp abc1234 (AVX2 build)"
+    stored = peers.load()
+    assert not [k for k in stored["engines"] if "--" in peers.row_name(stored, k)]
 
 
 def test_baseline_falls_back_when_its_row_did_not_run():
@@ -151,13 +161,18 @@ def test_baseline_falls_back_when_its_row_did_not_run():
 
 def test_sentences_on_a_laptop_where_llama_cpp_wins_for_one_user():
     text = peers.explain(laptop_report())
-    assert ("For one user, llama.cpp llama-server, Q4_1 GGUF serves the most: 44.0 output tok/s, "
+    assert ("For one user, llama.cpp, Q4_1 GGUF serves the most: 44.0 output tok/s, "
             "2.9 times tinyinfer's best (INT4 g32, 15.0 tok/s) and 4.6 times vLLM CPU's best "
             "(bf16, 9.6 tok/s).") in text
-    assert ("For 32 users at once, tinyinfer serve, fp32 serves the most: 106.1 output tok/s, 1.8 times "
+    assert ("For 32 users at once, tinyinfer, fp32 serves the most: 106.1 output tok/s, 1.8 times "
             "llama.cpp's best (Q4_1 GGUF, 60.0 tok/s) and 8.6 times vLLM CPU's best (bf16, 12.3 tok/s).") in text
-    assert "The fewest bytes won: llama.cpp llama-server, Q4_1 GGUF has the shortest step." in text
-    assert "llama.cpp llama-server, Q4_1 GGUF reads 90 MB per token and reached 6.7 GB/s (31% of it)" in text
+    assert "The fewest bytes won: llama.cpp, Q4_1 GGUF has the shortest step." in text
+    # MBU: 90 MB in 13.5 ms is 6.67 GB/s, 30.9% of the measured 21.6 GB/s
+    assert "at the measured 21.6 GB/s, and MBU is the share of it a row used" in text
+    assert "llama.cpp, Q4_1 GGUF reads 90 MB per token and reached 6.7 GB/s, an MBU of 31%" in text
+    # no measured peak in this run: the FLOPs are given, MFU is said not to be computed
+    assert ("Each token needs about 269 MFLOP (2 per parameter): at the shortest step (llama.cpp, Q4_1 GGUF) "
+            "that is 19.9 GFLOP/s. This run did not measure the CPU's peak FLOP/s") in text
     assert "This CPU has no BF16 units" in text
     assert ("bf16's prefill (TTFT 1,846 ms) was 5.2 times slower than fp32's (352 ms), and its decode step "
             "(48.6 ms) 1.4 times faster than fp32's (69.3 ms)") in text
@@ -168,16 +183,29 @@ def test_sentences_on_a_laptop_where_llama_cpp_wins_for_one_user():
 
 def test_sentences_on_a_bf16_server_where_tinyinfer_wins_everywhere():
     text = peers.explain(server_report())
-    assert ("For one user, tinyinfer serve, INT4 g32 serves the most: 90.0 output tok/s, 1.1 times llama.cpp's "
+    assert ("For one user, tinyinfer, INT4 g32 serves the most: 90.0 output tok/s, 1.1 times llama.cpp's "
             "best (Q4_1 GGUF, 80.0 tok/s) and 1.4 times vLLM CPU's best (bf16, 63.7 tok/s).") in text
-    assert "For 8 users at once, tinyinfer serve, bf16 serves the most: 311.6" in text
-    assert ("The fewest bytes did not win here: llama.cpp llama-server, Q4_1 GGUF reads the least, but its kernel "
-            "streamed 8.2 GB/s against 14.0 GB/s for tinyinfer serve, INT4 g32") in text
+    assert "For 8 users at once, tinyinfer, bf16 serves the most: 311.6" in text
+    assert ("The fewest bytes did not win here: llama.cpp, Q4_1 GGUF reads the least, but its kernel "
+            "streamed 8.2 GB/s against 14.0 GB/s for tinyinfer, INT4 g32") in text
     assert "This CPU multiplies bf16 numbers in hardware" in text
     assert "bf16's prefill (TTFT 62 ms) was 1.5 times faster than fp32's (90 ms)" in text
     assert "Prefill is arithmetic, and here bf16 arithmetic is the fast kind." in text
     assert "no BF16 units" not in text and "winner changed" not in text
-    assert "The first token comes soonest from tinyinfer serve, bf16 (62 ms)" in text
+    assert "The first token comes soonest from tinyinfer, bf16 (62 ms)" in text
+
+
+def test_mfu_against_the_measured_peak_of_each_rows_format():
+    """2 x 134.5M = 269 MFLOP per token (from the bf16 row's 269 MB). tinyinfer bf16:
+    269e6 / 48.6 ms = 5.535 GFLOP/s over a 250 GFLOP/s bf16 peak = 2.2%; fp32: 269e6 /
+    69.3 ms = 3.882 GFLOP/s over 500 = 0.8%. INT4 and Q4_1 have no peak of their own."""
+    r = laptop_report()
+    r["meta"]["peak_gflops"] = {"fp32": 500.0, "bf16": 250.0}
+    text = peers.mfu_sentence(r)
+    assert "tinyinfer, bf16 2.2%" in text and "tinyinfer, fp32 0.8%" in text and "vLLM CPU 0.32, bf16 1.9%" in text
+    assert "Q4_1" not in text and "INT4" not in text and "not computed" not in text
+    del r["runs"]["tinyinfer-fp32"][1]  # no single-user row in fp32: no fp32 figure, the others stay
+    assert "fp32" not in peers.mfu_sentence(r) and "bf16 2.2%" in peers.mfu_sentence(r)
 
 
 def test_sentences_say_when_replies_were_short():

@@ -193,7 +193,8 @@ def test_the_chapters_tensor_parallel_prose_renders_from_a_synthetic_report(tmp_
     path.write_text(json.dumps(report))
     monkeypatch.setenv("TINYINFER_TP_JSON", str(path))
     page = (Path(__file__).resolve().parents[2] / "chapters" / "08-fleets.md").read_text()
-    section = page[page.index("### Measured: two processes, one model"):page.index("## Load balancers")]
+    start = page.index("### Measured: two processes, one model")
+    section = page[start:page.index("\n## ", start)]  # to the next section
     (cell,) = [c for c in re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", section, re.S) if "tp_report.load()" in c]
     glued = {}
     namespace = {"np": np, "plt": plt, "LINKS": LINKS,

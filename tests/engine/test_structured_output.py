@@ -225,6 +225,19 @@ def test_the_bitmask_unpacks_bit_i_of_word_w_to_token_32w_plus_i(manager):
         assert allowed.shape == (1, 49152) and allowed[0].nonzero().flatten().tolist() == [token]
 
 
+def test_a_right_tool_call_names_the_questions_tool_and_exactly_its_arguments():
+    from tinyinfer_course.reports import tool_calls
+
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    assert tool_calls.is_right_call(call, "get_weather")
+    assert not tool_calls.is_right_call(call, "get_time")  # parses, but the question asked for another tool
+    assert not tool_calls.is_right_call(call.replace('"city"', '"name"'), "get_weather")  # its argument misnamed
+    assert not tool_calls.is_right_call(call.replace("}}", ', "unit": "C"}}'), "get_weather")  # one too many
+    assert not tool_calls.is_right_call("Paris is sunny.", "get_weather")
+    right = [call, call.replace("get_weather", "get_time"), '<tool_call>{"name": "add", "arguments": {"b": 4, "a": 3}}']
+    assert tool_calls.count_right(right + ["no call"] * 3) == 3
+
+
 def test_the_stored_tool_call_counts_are_stamped_and_the_mask_made_every_call_parse():
     """The copy lab 10 shows: a named machine and date, an engine stamp its note can read, and
     counts that say what the lab says they do (the grammar made every call parse, free ones did not)."""
@@ -236,6 +249,8 @@ def test_the_stored_tool_call_counts_are_stamped_and_the_mask_made_every_call_pa
     assert counts["constrained"]["parsed"] == counts["constrained"]["total"] == len(tool_calls.QUESTIONS)
     assert counts["free"]["parsed"] < counts["constrained"]["parsed"]
     assert all(parse_tool_call(r) is not None for r in counts["constrained"]["replies"])
+    # Parsed is not right: the stored constrained replies include get_weather with "name" for "city".
+    assert tool_calls.count_right(counts["constrained"]["replies"]) < counts["constrained"]["parsed"]
     assert "Stored counts: measured" in tool_calls.note(report)
     today = tool_calls.engine_stamp()
     older = {**today, "engine_fingerprint": "0" * 16}

@@ -372,6 +372,66 @@ def largest_batch_within(step_target_s: float, model: ModelConfig | float, roofl
     return b
 
 
+# ------------------------------------------------------------------ how close a measured step came: MFU and MBU
+
+
+def _rate(amount: float, seconds: float, name: str) -> float:
+    if not seconds > 0:
+        raise ValueError(f"seconds={seconds!r} is invalid: a measured time must be > 0")
+    if amount < 0:
+        raise ValueError(f"{name}={amount!r} is invalid: must be >= 0")
+    return amount / seconds
+
+
+def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: the FLOPs the model's forward needs (forward_cost's
+    count: 2 per parameter per token, plus attention), per second of the measured
+    step, as a share of the chip's peak FLOP/s.
+
+    It counts the model's FLOPs, not the kernels': work a kernel repeats or wastes
+    (padding, recomputation) does not raise it. It nears 1 only where the step is
+    compute-bound (a prefill, a decode batch past B*); a batch-1 decode step stays
+    far below 1 even when it runs as fast as the memory allows."""
+    return _rate(flops, seconds, "flops") / peak_flops
+
+
+def mbu(nbytes: float, seconds: float, bandwidth: float) -> float:
+    """Model bandwidth utilisation: the bytes the step must read (forward_cost's
+    count: every weight once, and each sequence's KV cache), per second of the
+    measured step, as a share of the memory bandwidth.
+
+    The measure for a memory-bound step such as decode: 1 means the step streamed
+    its bytes at full speed and did nothing else. Bytes a kernel reads more than
+    once (a copy of the cache, a re-read tile) do not count: the model did not
+    need them, so they lower MBU instead of raising it."""
+    return _rate(nbytes, seconds, "nbytes") / bandwidth
+
+
+@dataclass(frozen=True)
+class Utilisation:
+    """MFU and MBU of one measured step (see utilisation)."""
+
+    mfu: float
+    mbu: float
+
+    def __str__(self) -> str:
+        return f"MFU {self.mfu:.2%}, MBU {self.mbu:.1%}"
+
+    __repr__ = __str__
+
+
+def utilisation(cost: StepCost, seconds: float, roofline: Roofline) -> Utilisation:
+    """MFU and MBU of a step that needs `cost` (forward_cost) and took `seconds`,
+    against a chip's peaks (Roofline.measure for this machine, CHIPS for a datasheet).
+
+    A step exactly on the roofline has max(MFU, MBU) = 1 (roofline.time is the
+    larger of the two times), and no step can beat that: a figure above 1 means
+    the peaks are wrong (a bandwidth measured low, weights that sat in a cache).
+    The ratio MFU / MBU is the step's intensity over the ridge point, whatever the
+    time, so which of the two to watch follows from where the step sits."""
+    return Utilisation(mfu(cost.flops, seconds, roofline.peak_flops), mbu(cost.nbytes, seconds, roofline.bandwidth))
+
+
 # ------------------------------------------------------------------ the textbook's matrix product
 
 
@@ -564,6 +624,46 @@ def allreduce_time(nbytes: float, n: int, link: Link) -> float:
     if n == 1:
         return 0.0
     return 2 * (n - 1) * (link.latency + nbytes / n / link.bandwidth)
+
+
+def all_to_all_bytes(tokens: float, top_k: int, hidden_size: int, ep: int, bytes_per_value: float = 2,
+                     local: int = 1) -> float:
+    """Bytes one device sends across a link in one direction of an MoE layer's
+    exchange under expert parallelism (EP: the experts spread evenly over `ep`
+    devices). Each of the device's `tokens` tokens sends its hidden vector to the
+    devices of its top_k experts; under uniform routing a share local / ep of those
+    copies goes to devices that do not use the link, so
+
+        tokens x top_k x hidden_size x bytes_per_value x (ep - local) / ep.
+
+    local = 1: only the sender's own experts are free (one fast link to all the
+    others). local = 8 prices the network between servers of 8 GPUs: copies to
+    the 7 others in the server take NVLink, in parallel. Each token is counted
+    once per expert; engines that send a token once per device (DeepSeek's
+    kernels do) move less, so this is the upper end."""
+    if not (isinstance(ep, int) and ep >= 1) or not (isinstance(local, int) and 1 <= local <= ep):
+        raise ValueError(f"ep={ep!r}, local={local!r} are invalid: need integers with 1 <= local <= ep")
+    return tokens * top_k * hidden_size * bytes_per_value * (ep - local) / ep
+
+
+def all_to_all_time(tokens: float, top_k: int, hidden_size: int, ep: int, link: Link, bytes_per_value: float = 2,
+                    local: int = 1) -> float:
+    """Seconds of one MoE layer's communication under expert parallelism: the
+    dispatch sends each token's hidden vector to its experts' devices, and the
+    combine sends the k results back, the same bytes (all_to_all_bytes). In each
+    exchange every device sends and receives at once, so it takes the link's
+    latency once and its bytes over the link's one-way bandwidth:
+
+        2 x (latency + all_to_all_bytes / bandwidth)
+
+    Unlike tensor parallelism's all-reduce, the message grows with top_k, and it is
+    only the device's own tokens (a 1/ep share of the batch when attention runs
+    data-parallel). Uniform routing is assumed: a device that receives more than
+    its share (a popular expert) takes longer, and the step waits for it."""
+    if ep == 1:
+        return 0.0
+    nbytes = all_to_all_bytes(tokens, top_k, hidden_size, ep, bytes_per_value, local)
+    return 2 * (link.latency + nbytes / link.bandwidth)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -123,6 +124,46 @@ class MoEShape:
 def swiglu_expert_params(num_layers: int, hidden_size: int, intermediate_size: int) -> float:
     """One SwiGLU expert's parameters (gate, up, down), summed over num_layers layers."""
     return num_layers * 3 * hidden_size * intermediate_size
+
+
+# ------------------------------------------------------------------ a router that is not uniform
+
+
+def zipf_popularity(num_experts: int, exponent: float) -> np.ndarray:
+    """Each expert's share of a router's choices, most popular first, if popularity
+    follows a Zipf law: the expert of rank i gets a share in proportion to
+    1 / i ** exponent. Exponent 0 is the uniform router of expected_experts_touched;
+    the larger the exponent, the more the first experts take. An illustration of
+    skew, not a measured router."""
+    if not (isinstance(num_experts, int) and num_experts >= 1) or not exponent >= 0:
+        raise ValueError(f"num_experts={num_experts!r}, exponent={exponent!r} are invalid: need an integer >= 1 "
+                         "and an exponent >= 0")
+    weights = np.arange(1, num_experts + 1, dtype=float) ** -float(exponent)
+    return weights / weights.sum()
+
+
+def expert_loads(tokens: float, top_k: int, popularity) -> np.ndarray:
+    """Expected tokens each expert receives in a step of `tokens` tokens: each token
+    makes top_k choices, and an expert gets its share of them, tokens x top_k x share.
+    A token cannot pick one expert twice, so no share may exceed 1 / top_k."""
+    share = np.asarray(popularity, dtype=float)
+    _check_routing(len(share), top_k)
+    if top_k * share.max() > 1 + 1e-12:
+        raise ValueError(f"a share of {share.max():.3f} is invalid with top_k={top_k}: a token cannot choose "
+                         "one expert twice, so no share may exceed 1 / top_k")
+    return tokens * top_k * share
+
+
+def device_loads(loads, ep: int) -> np.ndarray:
+    """Tokens each of `ep` devices receives when the experts, ranked by popularity
+    (most popular first, as zipf_popularity gives them), are dealt out in turn:
+    device d holds the experts of rank d, d + ep, d + 2 ep, ... This spreads the
+    popular experts as evenly as one copy of each allows; under expert parallelism
+    the device with the most tokens sets the step, so max / mean is the slowdown."""
+    loads = np.asarray(loads, dtype=float)
+    if not (isinstance(ep, int) and ep >= 1) or len(loads) % ep:
+        raise ValueError(f"ep={ep!r} is invalid: must be an integer >= 1 that divides the {len(loads)} experts")
+    return loads.reshape(-1, ep).sum(axis=0)
 
 
 # ------------------------------------------------------------------ a layer

@@ -7,7 +7,7 @@ or `labcheck.reference_rope` whatever the module. Besides them:
 - core.py: Case and run_check, from which every check is made;
 - watch.py: the forbidden-call watch that refuses the course's own answers;
 - quiz.py: compare_prediction and grade_answer, for "predict, then measure";
-- quiz_answers.py: the expected answers of quizzes whose formula is the question;
+- quiz_answers.py: the expected answers of quizzes, computed out of sight;
 - machine.py: what a lab says about the machine its timings come from
   (warn_if_busy, a one-line warning on a busy machine; bf16_units);
 - my_engine.py: the learner's pieces, kept by one lab for the next;

@@ -86,12 +86,51 @@ def _rope_cases() -> list[Case]:
     return cases
 
 
+class _ChangedInput:
+    """What the rope check reports when the learner's function wrote into its input
+    (lab 2's next cells rotate the same q twice, and a layer's k is read again)."""
+
+    def __init__(self, name: str, before: torch.Tensor, after: torch.Tensor):
+        self.name, self.before, self.after = name, before, after
+
+    def __repr__(self):
+        return f"<{self.name} changed in place by the call: it is now {self.after!r}>"
+
+
+def _rope_runner(rope):
+    """Call rope on copies of x and positions; report a change to either instead of the result."""
+    def run(x, positions, theta):
+        mine, pos = x.clone(), positions.clone()
+        out = rope(mine, pos, theta)
+        for name, before, after in (("x", x, mine), ("positions", positions, pos)):
+            if not torch.equal(before, after):
+                return _ChangedInput(name, before, after)
+        return out
+    return run
+
+
+def _same_rope(got, expected) -> bool:
+    return isinstance(got, torch.Tensor) and got.dtype == expected.dtype and _close(got, expected)
+
+
+def _where_rope(got, expected) -> str | None:
+    if isinstance(got, _ChangedInput):
+        diff = first_difference(got.after, got.before, ("batch", "head", "token", "element"), ATOL, RTOL)
+        return (f"the input {got.name} differs after the call ({diff or 'exactly equal in value, not in bits'}): "
+                "rope must return a new tensor and leave its input as it was")
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype != expected.dtype:
+        return (f"the dtype differs: x is {expected.dtype}, the result {got.dtype}; keep x's dtype "
+                "(the model's next layers take only that one)")
+    return _where(got, expected, "token")
+
+
 def check_rope(rope) -> bool:
     """rope(x [B, heads, T, D], positions [T], theta) -> x rotated, [B, heads, T, D],
-    against the engine's rope_tables + apply_rope."""
+    in x's dtype, against the engine's rope_tables + apply_rope; x and positions
+    must come back unchanged."""
     forbidden = (reference_rope, apply_rope, apply_rope_signed, rope_tables, LlamaForCausalLM.rope_at)
-    return run_check("rope", rope, _rope_cases, same=_close, forbidden=forbidden, keep=("rope", rope),
-                     explain=lambda got, expected: _where(got, expected, "token"))
+    return run_check("rope", _rope_runner(rope), _rope_cases, same=_same_rope, forbidden=forbidden,
+                     keep=("rope", rope), explain=_where_rope)
 
 
 # ------------------------------------------------------------------ attention
@@ -189,29 +228,33 @@ def reference_tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class _ScoreMatrixWatch(TorchFunctionMode):
-    """Notes any floating-point tensor a computation makes whose last two
-    dimensions are (Tq, Tk): the whole score matrix (or its softmax), which
-    tiling exists to avoid. (A boolean mask of that shape is not counted.)"""
+    """Notes any tensor a computation makes whose last two dimensions are (Tq, Tk),
+    floating-point or one byte per element: the whole score matrix (or its
+    softmax), or a boolean mask as large as it, which tiling exists to avoid."""
 
     def __init__(self, tq: int, tk: int):
         super().__init__()
-        self.shape, self.seen = (tq, tk), None
+        self.shape, self.seen, self.dtype = (tq, tk), None, None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if (self.seen is None and isinstance(out, torch.Tensor) and out.is_floating_point()
-                and tuple(out.shape[-2:]) == self.shape):
-            self.seen = tuple(out.shape)
+        if (self.seen is None and isinstance(out, torch.Tensor) and tuple(out.shape[-2:]) == self.shape
+                and (out.is_floating_point() or out.element_size() == 1)):
+            self.seen, self.dtype = tuple(out.shape), out.dtype
         return out
 
 
 class WholeScoreMatrix:
     """What the check reports instead of a result when the code built the whole matrix."""
 
-    def __init__(self, shape):
-        self.shape = shape
+    def __init__(self, shape, dtype=None):
+        self.shape, self.dtype = shape, dtype
 
     def __repr__(self):
+        if self.dtype is not None and not self.dtype.is_floating_point:
+            return (f"a {str(self.dtype).removeprefix('torch.')} tensor of shape {list(self.shape)} along the way: "
+                    "a mask the size of the whole score matrix, queries x keys. Tiled attention must only ever "
+                    "hold one tile of it, [..., Tq, tile]: compare positions tile by tile")
         return (f"a tensor of shape {list(self.shape)} along the way: the whole score matrix, queries x keys. "
                 "Tiled attention must only ever hold one tile of it, [..., Tq, tile]")
 
@@ -221,7 +264,7 @@ def _tiled_runner(tiled_attention):
         Tq, Tk = q.shape[2], k.shape[2]
         with _ScoreMatrixWatch(Tq, Tk) as spy:
             out = tiled_attention(q, k, v, tile)
-        return WholeScoreMatrix(spy.seen) if spy.seen and tile < Tk else out
+        return WholeScoreMatrix(spy.seen, spy.dtype) if spy.seen and tile < Tk else out
     return run
 
 
@@ -268,8 +311,8 @@ def _extreme_tiled_cases() -> list[Case]:
     cases = []
     q, k, v = _signed_scores([[-1] * 6] * 4, 12, 16, 120.0, seed=70)
     cases.append(Case((q, k, v, 4), _sdpa_attention(q, k, v),
-                      f"q {tuple(q.shape)}, k, v {tuple(k.shape)}, tile=4  (every score near -120: exp(score) is 0 "
-                      "in float32, so the running max must start at -inf, not 0)"))
+                      f"q {tuple(q.shape)}, k, v {tuple(k.shape)}, tile=4  (every score near -120, so "
+                      "exp(score) is 0 in float32)"))
     signs = [[1 if (h + i) % 2 == 0 else -1 for i in range(6)] for h in range(4)]
     q, k, v = _signed_scores(signs, 12, 16, 100.0, seed=71)
     cases.append(Case((q, k, v, 4), _sdpa_attention(q, k, v),
@@ -284,6 +327,24 @@ def _extreme_tiled_cases() -> list[Case]:
     return cases
 
 
+def _where_tiled(got, expected) -> str | None:
+    """Where the output is NaN or infinite (the rows: batch, head, query), then
+    the first difference. Where, not why: the same NaN comes from a running max
+    started at 0, an inf x 0 in a merge, a 0 / 0 in the last division."""
+    where = _where(got, expected)
+    if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point()):
+        return where
+    bad = ~torch.isfinite(got.detach())
+    if not bool(bad.any()):
+        return where
+    rows = [tuple(int(i) for i in r) for r in torch.nonzero(bad.any(-1))]
+    what = "NaN" if bool(torch.isnan(got).any()) else "inf"
+    shown = ", ".join(f"head {h} query {i}" + (f" (batch {b})" if got.shape[0] > 1 else "") for b, h, i in rows[:4])
+    more = f" and {len(rows) - 4} more" if len(rows) > 4 else ""
+    return (f"{what} in {int(bad.sum())} of {bad.numel()} output values, in {len(rows)} of {bad[..., 0].numel()} "
+            f"rows: {shown}{more}\n    {where}")
+
+
 def check_tiled_attention(tiled_attention) -> bool:
     """tiled_attention(q [B, H, Tq, D], k [B, Hkv, Tk, D], v, tile) -> [B, H, Tq, D],
     causal with the queries the last Tq positions, reading keys and values `tile`
@@ -293,7 +354,7 @@ def check_tiled_attention(tiled_attention) -> bool:
     forbidden = (F.scaled_dot_product_attention, reference_tiled_attention, reference_causal_gqa_attention,
                  KVCache.attend, PagedKVCache.attend)
     return run_check("tiled_attention", _tiled_runner(tiled_attention), _tiled_cases, same=_close,
-                     forbidden=forbidden, explain=_where)
+                     forbidden=forbidden, explain=_where_tiled)
 
 
 LAB = Lab(2, "attention",

@@ -121,6 +121,27 @@ def _now():
     return "12:00 UTC"
 
 
+_RATES = {"EUR": 1.0, "USD": 1.1}
+
+
+def _convert(amount, currency):
+    if currency not in _RATES:
+        raise ValueError(f"no rate for {currency!r}")
+    return round(amount * _RATES[currency], 2)
+
+
+def _population(city):
+    return {"Paris": 2_100_000, "Oslo": 710_000}[city]  # KeyError for any other city
+
+
+def _divide(a, b):
+    return a / b
+
+
+def _search(*, query, limit=2):  # keyword-only: tools[name](**arguments) is the only way to call it
+    return f"{limit} results for {query!r}"
+
+
 def _tool_error(fn, **arguments) -> str:
     """The message run_agent must append when a tool raises (computed by calling the tool here)."""
     try:
@@ -130,7 +151,8 @@ def _tool_error(fn, **arguments) -> str:
     raise AssertionError("the tool was expected to raise")
 
 
-_TOOLS = {"get_weather": _weather, "add": _add, "now": _now}
+_TOOLS = {"get_weather": _weather, "add": _add, "now": _now, "convert": _convert, "get_population": _population,
+          "divide": _divide, "search": _search}
 _USER = {"role": "user", "content": "What is the weather in Paris?"}
 _SYSTEM = {"role": "system", "content": "You can call get_weather and add."}
 
@@ -164,6 +186,21 @@ _AGENT_CASES = [
     ([_USER], [('<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', 30, 12)], 4, [],
      '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>',
      "a call without a name is not a call: it is the answer"),
+    # Any exception a tool raises goes back to the model, not only a TypeError (issue 56):
+    ([_USER], [(_call("convert", amount=10, currency="XYZ"), 30, 16), ("No rate for that.", 60, 5)], 4,
+     [_tool_error(_convert, amount=10, currency="XYZ")], "No rate for that.",
+     "a tool that raises ValueError (no rate for the currency): its error becomes the tool message"),
+    ([_USER], [(_call("get_population", city="Atlantis"), 30, 14), ("Unknown city.", 60, 3)], 4,
+     [_tool_error(_population, city="Atlantis")], "Unknown city.",
+     "a tool that raises KeyError: its error becomes the tool message, str(e) and all"),
+    ([_USER], [(_call("divide", a=1, b=0), 30, 12), (_call("divide", a=1, b=4), 50, 12), ("0.25", 70, 3)], 4,
+     [_tool_error(_divide, a=1, b=0), "0.25"], "0.25", "a tool that raises ZeroDivisionError, then a call that works"),
+    # Tools are called with the arguments as keywords, tools[name](**arguments):
+    ([_USER], [(_call("divide", b=4, a=2), 30, 12), ("Half.", 50, 2)], 4, ["0.5"], "Half.",
+     "arguments listed in another order than the parameters (b before a): by name, 2 / 4 = 0.5"),
+    ([_USER], [(_call("search", query="trains to Lyon"), 30, 13), ("Two trains.", 50, 3)], 4,
+     ["2 results for 'trains to Lyon'"], "Two trains.",
+     "a tool whose parameters are keyword-only, search(*, query, limit=2): it takes no positional argument"),
 ]
 
 
@@ -217,7 +254,12 @@ def _run_agent_case(fn):
             return agent_tools.ModelReply(*script[len(shown) - 1])
 
         caller = [dict(m) for m in question]
-        result = fn(generate, dict(_TOOLS), caller, max_passes)
+        try:
+            result = fn(generate, dict(_TOOLS), caller, max_passes)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # shown against the expected outcome, with the tool that raised it if one did
+            return _AgentRaised(e, _raising_tool(e), len(shown))
         fields = [getattr(result, f, "<missing>") for f in
                   ("answer", "passes", "tool_calls", "prompt_tokens", "output_tokens", "messages")]
         messages = fields[5]
@@ -227,6 +269,26 @@ def _run_agent_case(fn):
     return run
 
 
+class _AgentRaised:
+    """What the check reports when the loop raised instead of returning a result."""
+
+    def __init__(self, error: Exception, tool: str | None, passes: int):
+        self.error, self.tool, self.passes = error, tool, passes
+
+    def __repr__(self):
+        where = f" from inside the tool {self.tool!r}" if self.tool else ""
+        return f"raised {type(self.error).__name__}: {str(self.error)[:120]}{where}, in pass {self.passes}"
+
+
+def _raising_tool(error: Exception) -> str | None:
+    """The name of the check's tool whose code raised `error` last, or None."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code if tb is not None else None
+    return next((name for name, tool in _TOOLS.items() if tool.__code__ is code), None)
+
+
 def _text(value, limit: int = 160) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + " ...'"
@@ -234,6 +296,14 @@ def _text(value, limit: int = 160) -> str:
 
 def _where_agent(got, expected) -> str | None:
     """The first field, or the first message, where the loop's result differs."""
+    if isinstance(got, _AgentRaised):
+        error = got.error
+        if got.tool is None:
+            return f"first difference in pass {got.passes}: your loop raised {type(error).__name__}"
+        wanted = next((m["content"] for m in expected.messages if m["role"] == "tool"
+                       and m["content"].startswith(f"error: {type(error).__name__}")), None)
+        return (f"first difference in pass {got.passes}: the tool {got.tool!r} raised {type(error).__name__} and it "
+                "left your loop" + (f"; the expected tool message is {wanted!r}" if wanted else ""))
     if not isinstance(got, _AgentOutcome):
         return None
     for field in ("answer", "passes", "tool_calls", "prompt_tokens", "output_tokens"):
@@ -506,6 +576,22 @@ _MASK_CASES = [  # prefix, choices, the allowed ids (worked out by hand), what i
     ("get", ["get", "get_time"], {0, 2, 16}, "a choice that starts another: end, or '_' and '_time'"),
     ("", [" get"], {18}, "a choice that starts with a space: ' get', not 'get'"),
 ]
+# A second vocabulary, where token 0 has text (a single space) and end-of-sequence is 6: the
+# tokens of words that start with a space, as in SmolLM2's vocabulary, and tokens of spaces only.
+_SPACE_VOCAB = [" ", " P", "Paris", " Paris", " Par", "is", "", "P", " Lima", "  ", " L", "ima", "aris", "ar"]
+_SPACE_EOS = 6
+_CITY_CHOICES = [" Paris", " Lima"]
+_SPACE_CASES = [  # prefix, choices, the allowed ids (worked out by hand), what it shows
+    ("", _CITY_CHOICES, {0, 1, 3, 4, 8, 10}, "the start: token 0 (a single space) and the tokens that start with a "
+     "space; not 'Paris', 'P' or '  ' (two spaces)"),
+    (" ", _CITY_CHOICES, {2, 7}, "after the space: 'Paris' and 'P', not ' P' or ' Paris'"),
+    (" P", _CITY_CHOICES, {12, 13}, "'aris' and 'ar' continue ' Paris'"),
+    (" Paris", _CITY_CHOICES, {_SPACE_EOS}, "a whole choice: only end-of-sequence, id 6 here"),
+    ("", ["Paris", " Paris"], {0, 1, 2, 3, 4, 7}, "the same word with and without its space: both paths"),
+    ("", ["  "], {0, 9}, "a choice of two spaces: one space, or both at once"),
+    (" ", ["  ", " L"], {0}, "after one space: token 0 makes '  '; 'L' has no token of its own, and ' ' "
+     "is not a whole choice, so no end"),
+]
 # The same rows again, with the vocabulary grown by tokens that follow every choice
 # part of the way and then leave it (a digit, which no choice has): the answers stay
 # the same, and a row that looks at every token now runs thousands of lines.
@@ -570,8 +656,8 @@ def _row_difference(got: _Row, want: _Row) -> str:
     ids = _ids_or_none(got.ids)
     if ids is None:
         held = " holding more than ints" if isinstance(got.ids, (set, frozenset)) else ""
-        return (f"first difference: the type: allowed() returned a {type(got.ids).__name__}{held}, "
-                "where a set of token ids (ints) is wanted")
+        return (f"first difference: the type. allowed() returned a {type(got.ids).__name__}{held}: "
+                "return a set of token ids (ints), as the exercise asks (a mask row is a set: no order, no repeats)")
     extra, missing = ids - want.ids, want.ids - ids
     if extra or missing:
         first = min(extra | missing)
@@ -609,6 +695,10 @@ def check_token_trie(cls) -> bool:
         out = [Case(("hand", prefix, choices, 0), _Row(want, vocab=vocabs["hand"], eos=0),
                     f"TokenTrie({_VOCAB}).allowed({prefix!r}, {choices}, eos_token_id=0)  ({note})")
                for prefix, choices, want, note in _MASK_CASES]
+        vocabs["spaces"] = tuple(_SPACE_VOCAB)
+        out += [Case(("spaces", prefix, choices, _SPACE_EOS), _Row(want, vocab=vocabs["spaces"], eos=_SPACE_EOS),
+                     f"TokenTrie({_SPACE_VOCAB}).allowed({prefix!r}, {choices}, eos_token_id={_SPACE_EOS})  ({note})")
+                for prefix, choices, want, note in _SPACE_CASES]
         shown = ", ".join(repr(t) for t in vocabs["grown"][len(_VOCAB)::1997][:4])
         for k in _GROWN_ROWS:
             prefix, choices, want, note = _MASK_CASES[k]

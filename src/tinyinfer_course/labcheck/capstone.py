@@ -1,5 +1,5 @@
 """Lab 11 (your engine): the check of the learner's forward pass, the check that
-their assembled engine serves a workload with the same greedy tokens as
+their assembled engine serves a workload with the same tokens as
 tinyinfer's, and the helpers the lab uses to compare the two on the real model.
 
 The forward pass, `make_execute_model(model, num_blocks, block_size, rope,
@@ -15,18 +15,29 @@ size and RoPE base beside the tiny one, so a constant written as a literal
 fails one of them.
 
 The learner's `serve(model, requests, num_blocks, block_size, token_budget,
-max_num_seqs, eos_token_ids) -> steps` runs their own forward pass (their RoPE
-and attention over their paged cache, with the model's weights and its
-RMSNorm/MLP submodules), their allocator, scheduler, loop and sampler. The
-check serves lab 7's two workloads on a tiny random model and compares every
-request's tokens with tinyinfer's Scheduler + ModelRunner, and refuses a serve
-that runs tinyinfer's own attention, RoPE, cache, model forward or engine.
+max_num_seqs, eos_token_ids, paged=None) -> steps` runs their own forward pass
+(their RoPE and attention over their paged cache, with the model's weights and
+its RMSNorm/MLP submodules), their allocator, scheduler, loop and sampler. The
+check serves lab 7's two workloads (the first with two end-of-sequence ids), the
+two wider models, one workload with seeded, sampled requests, and one through
+`paged=` (the course's grouped paged attention, which must be called). It
+compares every request's tokens and the step count serve returns with LLM.generate's
+parts (tinyinfer's Scheduler, ModelRunner and Sampler; a seeded request draws
+from its own generator, seeded once), accepting for the sampled requests the
+tokens the learner's kept lab 3 sampler draws with the same seeds too. It
+refuses a serve that runs tinyinfer's own attention, RoPE, cache, model forward
+or engine. When serve stops on a dtype error, it reruns the case to name the
+first of the learner's functions that returned float64.
 The model's helpers stay allowed: model.compute_logits, its embedding, norms
 and MLPs are weights the learner's forward pass uses, not the answer.
 """
 from __future__ import annotations
 
 import functools
+import numbers
+import os
+import re
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -38,16 +49,22 @@ from tinyinfer.llm_engine import LLMEngine
 from tinyinfer.model import Attention, DecoderLayer, LlamaForCausalLM, apply_rope, apply_rope_signed, rope_tables
 from tinyinfer.model_runner import ModelRunner
 from tinyinfer.paged_kv_cache import PagedKVCache
-from tinyinfer.scheduler import Scheduler
+from tinyinfer.request import Request as EngineRequest
+from tinyinfer.sampler import Sampler
+from tinyinfer.sampling import SamplerOutput, SamplingParams
+from tinyinfer.scheduler import Scheduler, SchedulerConfig
 from .attention import reference_causal_gqa_attention, reference_rope
 from .batching import ReferenceBlockAllocator
+from . import my_engine
 from .core import Case, first_difference, first_mismatch, run_check
-from .fixtures import SMOL_SHAPED, WIDE_TINY, WORKLOADS, describe_model, engine_outputs, eos_for, tiny_prompt
+from .fixtures import (SMOL_SHAPED, WIDE_TINY, WORKLOADS, Workload, describe_model, engine_outputs, eos_for,
+                       tiny_model, tiny_prompt)
 from .given import greedy
 from .given import make_execute_model as engine_execute_model
-from .paged_attention import reference_paged_attention
+from .paged_attention import reference_grouped_paged_attention, reference_paged_attention
 from .records import Request
 from .registry import Lab
+from .sampling import reference_sample
 from .scheduling_answers import reference_run_engine, reference_schedule
 from .watch import paused
 
@@ -208,35 +225,276 @@ def check_forward_pass(make_execute_model) -> bool:
 
 # ---------------------------------------------------------------- the assembled engine
 
+# One workload with two seeded, sampled requests and a greedy one between them:
+# (seq_id, prompt length, max_tokens, temperature, seed).
+SAMPLED = Workload(32, 4, 16, 3, [("a", 7, 8), ("b", 5, 6), ("c", 9, 8)], False,
+                   "two seeded, sampled requests (temperature 0.8, seeds 1000 and 1001) and a greedy one", tiny_model)
+SAMPLED_REQUESTS = (("a", 7, 8, 0.8, 1000), ("b", 5, 6, 0.0, None), ("c", 9, 8, 0.8, 1001))
+
+
+def _greedy_requests(w: Workload) -> tuple:
+    return tuple((s, p, m, 0.0, None) for s, p, m in w.requests)
+
+
+def _engine_run(w: Workload, eos, requests, draw=None, token_budget=None, max_num_seqs=None) -> tuple[dict, int]:
+    """The requests through LLM.generate's parts: tinyinfer's Scheduler, ModelRunner
+    and Sampler (a seeded request draws from its own generator, seeded once with
+    its seed). Returns (tokens per request, steps). draw(logits, temperature,
+    generator): another sampler in the Sampler's place, with the same generators."""
+    bm = BlockManager(w.num_blocks, w.block_size, enable_prefix_caching=False)
+    config = SchedulerConfig(max_num_seqs or w.max_num_seqs, token_budget or w.token_budget, True, "recompute")
+    sched = Scheduler(config, bm)
+    runner = ModelRunner(w.model(), torch.device("cpu"), torch.float32, w.num_blocks, w.block_size)
+    reqs = [EngineRequest(s, None, tiny_prompt(s, p), SamplingParams(max_tokens=m, temperature=t, seed=seed), eos)
+            for s, p, m, t, seed in requests]
+    for r in reqs:
+        sched.add(r)
+    sampler, generators, steps = Sampler(), {}, 0
+    while sched.waiting or sched.running:
+        out = sched.schedule()
+        logits = runner.execute_model(out).logits
+        if draw is None:
+            sampled = sampler(logits, out.sampling)
+        else:
+            tokens = []
+            for row, seq in zip(logits, out.sampling):
+                rid, p = seq.request.request_id, seq.params
+                if rid not in generators:
+                    generators[rid] = None if p.seed is None else torch.Generator().manual_seed(p.seed)
+                tokens.append(int(draw(row.clone(), p.temperature, generators[rid])))
+            sampled = SamplerOutput(token_ids=tokens, logprobs=[None] * len(tokens))
+        sched.update_from_output(out, sampled)
+        steps += 1
+    return {r.request_id: list(r.samples[0].output_token_ids) for r in reqs}, steps
+
+
+class _Served:
+    """What a serve did: every request's tokens, the steps it returned, how often
+    it called the paged attention it was handed; or the error it stopped with.
+    As an expected value: `also`, tokens drawn by your kept sampler instead of
+    the engine's (accepted too); `greedy()`, the tokens with every request
+    greedy; `swapped_steps()`, the steps with token_budget and max_num_seqs
+    swapped (both worked out only to explain a failure)."""
+
+    def __init__(self, outputs, steps, paged_calls=None, *, also=None, greedy=None, swapped_steps=None,
+                 error=None, where=None):
+        self.outputs, self.steps, self.paged_calls = outputs, steps, paged_calls
+        self.also, self.greedy, self.swapped_steps = also, greedy, swapped_steps
+        self.error, self.where = error, where
+
+    def __repr__(self):
+        if self.error:
+            return f"serve raised {self.error}"
+        text = f"tokens {self.outputs}, serve returned {self.steps!r} (steps)"
+        if self.also is not None:
+            text += f"; or, drawn by your kept sampler, tokens {self.also}"
+        if self.paged_calls is True:  # expected: used at all
+            text += "; the paged attention passed as paged= used"
+        elif self.paged_calls is not None:
+            text += f"; the paged attention passed as paged= called {self.paged_calls} times"
+        return text
+
+
+def _is_steps(n) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def _same_served(got, expected) -> bool:
+    return (isinstance(got, _Served) and got.error is None
+            and got.outputs in [expected.outputs] + ([expected.also] if expected.also is not None else [])
+            and _is_steps(got.steps) and got.steps == expected.steps
+            and (expected.paged_calls is None or bool(got.paged_calls)))
+
+
+def _where_served(got, expected) -> str | None:
+    """The first thing that differs: a request's tokens, the steps, the paged attention's calls."""
+    if not isinstance(got, _Served):
+        return None
+    if got.error is not None:
+        return got.where
+    if got.outputs not in [expected.outputs] + ([expected.also] if expected.also is not None else []):
+        where = _where_tokens(got.outputs, expected.outputs) or f"the requests differ: {sorted(got.outputs)}"
+        if expected.greedy is not None and got.outputs == expected.greedy():
+            where += ("; these are the greedy tokens of every request: the sampled requests were not sampled "
+                      "with their temperature")
+        return where
+    if not _is_steps(got.steps):
+        return (f"what serve returned differs: {got.steps!r}, where the number of steps is expected "
+                f"({expected.steps}): return what run_engine returns")
+    if got.steps != expected.steps:
+        where = (f"the step count differs: serve returned {got.steps}, tinyinfer's scheduler takes "
+                 f"{expected.steps} steps with the same token budget and max_num_seqs")
+        if expected.swapped_steps is not None and got.steps == expected.swapped_steps() != expected.steps:
+            where += f"; {got.steps} is what it takes with the token budget and max_num_seqs swapped"
+        return where
+    if expected.paged_calls is not None and not got.paged_calls:
+        return ("the paged attention differs: serve never called the one passed as paged=; section 6 serves "
+                "with paged=grouped_paged_attention, so serve must use it when given")
+    return None
+
+
+_DTYPE_ERROR = re.compile(r"dtype|Double|float64")
+# Code the learner did not write: what the float64 search below skips.
+_NOT_YOURS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["tinyinfer"],
+                                                                   sys.modules["tinyinfer_course"]))
+
+
+def _has_float64(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.float64
+    return isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) and v.dtype == torch.float64
+                                                    for v in value)
+
+
+def _first_float64(run) -> str | None:
+    """Run run() again, watching what every function returns: the first function
+    written outside torch and the course that returns a float64 tensor, named."""
+    found = []
+    skip = _NOT_YOURS + tuple({sys.prefix + os.sep, sys.base_prefix + os.sep})
+
+    def watch(frame, event, arg):
+        if event == "return" and not found and _has_float64(arg) and not frame.f_code.co_filename.startswith(skip):
+            name = frame.f_code.co_name
+            found.append("a lambda" if name == "<lambda>" else f"{name}()")
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        run()
+    except Exception:
+        pass
+    finally:
+        sys.setprofile(previous)
+    return found[0] if found else None
+
+
+def _setup(w: Workload, requests) -> tuple:
+    reqs = [Request(s, tiny_prompt(s, p), m, temperature=t, seed=seed) for s, p, m, t, seed in requests]
+    with paused():  # building the model runs DecoderLayer's and Attention's constructors
+        model = w.model()
+    return model, reqs
+
+
+def _play(serve, w: Workload, eos, requests, paged: bool) -> _Served:
+    calls = [0]
+
+    def given_paged(*args):  # the course's grouped paged attention, counted: given code, not an answer
+        calls[0] += 1
+        return reference_grouped_paged_attention(*args)
+
+    def run():
+        model, reqs = _setup(w, requests)
+        extra = {"paged": given_paged} if paged else {}
+        steps = serve(model, reqs, w.num_blocks, w.block_size, w.token_budget, w.max_num_seqs, list(eos), **extra)
+        return _Served({r.seq_id: list(r.output_ids) for r in reqs}, steps, calls[0] if paged else None)
+
+    try:
+        return run()
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        if isinstance(e, TypeError) and paged and "'paged'" in str(e):
+            return _Served(None, None, error=f"TypeError: {e}",
+                           where="the signature differs: serve takes no paged=; section 6 calls "
+                                 "serve(..., paged=grouped_paged_attention), so keep the given signature")
+        name = _first_float64(run) if _DTYPE_ERROR.search(str(e)) else None
+        if name is None:
+            raise
+        return _Served(None, None, error=f"{type(e).__name__}: {e}",
+                       where=f"the dtype differs: {name} returned a torch.float64 tensor, where the model's "
+                             "tensors are torch.float32; each piece must return the dtype it is given")
+
+
+def _engine_case(w: Workload, eos, requests, paged: bool, what: str) -> Case:
+    outputs, steps = _engine_run(w, eos, requests)
+    sampled = any(t > 0 for *_, t, _ in requests)
+
+    def greedy():
+        return _engine_run(w, eos, tuple((s, p, m, 0.0, None) for s, p, m, _, _ in requests))[0]
+
+    def swapped():
+        try:
+            return _engine_run(w, eos, requests, token_budget=w.max_num_seqs, max_num_seqs=w.token_budget)[1]
+        except Exception:  # the engine refuses the swapped settings: nothing to compare with
+            return None
+
+    expected = _Served(outputs, steps, True if paged else None, greedy=greedy if sampled else None,
+                       swapped_steps=swapped)
+    return _case(w, eos, requests, paged, what, expected)
+
+
+def _case(w: Workload, eos, requests, paged: bool, what: str, expected: _Served) -> Case:
+    reqs = ", ".join(f"{s}: prompt {p}, max_tokens {m}" + (f", temperature {t}, seed {seed}" if t else "")
+                     for s, p, m, t, seed in requests)
+    show = (f"{what}. On {describe_model(w.model())}; num_blocks={w.num_blocks}, block_size={w.block_size}, "
+            f"token_budget={w.token_budget}, max_num_seqs={w.max_num_seqs}, eos_token_ids={list(eos)}; "
+            f"requests {reqs}; tokens and the returned step count compared with LLM.generate's parts")
+    return Case((w, eos, requests, paged), expected, show)
+
+
+def _two_eos(w: Workload) -> tuple[int, int]:
+    """Two end-of-sequence ids that each stop a request: eos_for's (request a's
+    third token) and a later token of another request."""
+    first = eos_for(w)[0]
+    one, _ = engine_outputs(w, [first])
+    for s, _, _ in w.requests[1:]:
+        for t in one[s][1:-1]:  # not its last token: stopping there would change nothing
+            if t != first and t not in one["a"]:  # greedy tokens do not depend on the schedule: s stops sooner
+                return first, t
+    raise ValueError("no second end-of-sequence id stops a request")
+
 
 @functools.lru_cache(maxsize=1)
 def _your_engine_cases() -> tuple[Case, ...]:
     cases = []
     for w in WORKLOADS + [SMOL_SHAPED, WIDE_TINY]:
-        eos = tuple(eos_for(w))
-        outputs, _ = engine_outputs(w, eos)
-        reqs = ", ".join(f"{s}: prompt {p}, max_tokens {m}" for s, p, m in w.requests)
-        show = (f"{w.why}. On {describe_model(w.model())}; "
-                f"num_blocks={w.num_blocks}, block_size={w.block_size}, token_budget={w.token_budget}, "
-                f"max_num_seqs={w.max_num_seqs}, eos_token_ids={eos}; requests {reqs}")
-        cases.append(Case((w, eos), outputs, show))
+        eos = _two_eos(w) if w.eos else tuple(eos_for(w))
+        what = w.why.replace("an end-of-sequence id", "two end-of-sequence ids, each stopping a request")
+        cases.append(_engine_case(w, eos, _greedy_requests(w), False, what))
+    cases.append(_engine_case(SAMPLED, (), SAMPLED_REQUESTS, False, SAMPLED.why + ": the tokens of LLM.generate "
+                              "with SamplingParams(temperature=0.8, seed=...), or those your kept sampler draws"))
+    w, e = WORKLOADS[1], cases[1].expected  # the same requests as case 1, through paged=
+    cases.append(_case(w, (), _greedy_requests(w), True, w.why + "; served with paged= the course's grouped "
+                       "paged attention, which serve must use (section 6 passes yours)",
+                       _Served(e.outputs, e.steps, True, swapped_steps=e.swapped_steps)))
     return tuple(cases)
 
 
-def _play(serve, w, eos) -> dict:
-    requests = [Request(s, tiny_prompt(s, p), m) for s, p, m in w.requests]
-    with paused():  # building the model runs DecoderLayer's and Attention's constructors
-        model = w.model()
-    serve(model, requests, w.num_blocks, w.block_size, w.token_budget, w.max_num_seqs, list(eos))
-    return {r.seq_id: list(r.output_ids) for r in requests}
+def _cases_with_your_sampler() -> list[Case]:
+    """The cases; where a request samples, the tokens that your kept sampler
+    (lab 3) draws with the same seeds are accepted too. Lab 3 accepts any
+    correct draw, and only one that draws as the engine does (its hint) gives
+    the engine's tokens."""
+    cases = list(_your_engine_cases())
+    try:
+        yours = my_engine.load("sample", quiet=True)
+    except Exception:  # no sampler to load: the engine's tokens only
+        return cases
+    if yours is reference_sample:
+        return cases
+    out = []
+    for case in cases:
+        w, eos, requests, _ = case.args
+        e = case.expected
+        if e.greedy is not None:
+            try:
+                also = _engine_run(w, eos, requests, draw=yours)[0]
+            except Exception:  # your sampler fails here: the engine's tokens are the only ones accepted
+                also = None
+            e = _Served(e.outputs, e.steps, e.paged_calls, also=also, greedy=e.greedy, swapped_steps=e.swapped_steps)
+        out.append(Case(case.args, e, case.show))
+    return out
 
 
 def check_your_engine(serve) -> bool:
     """serve(model, requests, num_blocks, block_size, token_budget, max_num_seqs,
-    eos_token_ids) -> steps, filling each request's output_ids; greedy tokens
-    against tinyinfer's Scheduler + ModelRunner on a tiny random model."""
-    return run_check("your_engine", lambda w, eos: _play(serve, w, eos), lambda: list(_your_engine_cases()),
-                     forbidden=FORBIDDEN, explain=_where_tokens)
+    eos_token_ids, paged=None) -> steps, filling each request's output_ids, on
+    tiny random models: every request's tokens (greedy, and seeded sampled ones)
+    and the returned step count against LLM.generate's parts (tinyinfer's
+    Scheduler, ModelRunner and Sampler), two end-of-sequence ids, and one case
+    through paged= (the given paged attention must be used)."""
+    return run_check("your_engine", lambda w, eos, requests, paged: _play(serve, w, eos, requests, paged),
+                     _cases_with_your_sampler, same=_same_served, forbidden=FORBIDDEN, explain=_where_served)
 
 
 def compare_outputs(mine: dict, engine: dict, decode=None) -> bool:

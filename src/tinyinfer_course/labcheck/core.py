@@ -80,7 +80,7 @@ def _first_failure(name: str, fn: Callable, cases: list[Case], same, watch: Watc
                 return f"✗ {name}: {case.show}\n    raised {type(e).__name__}: {_short(e)}"
         else:
             if not watch.called and not _safe_same(same, got, case.expected):
-                where = _safe_explain(explain, got, case.expected)
+                where = _safe_explain(explain, got, case.expected) or _safe_explain(_default_where, got, case.expected)
                 return (f"✗ {name}: {case.show}\n    expected {_short(case.expected)}\n    got      {_short(got)}"
                         + (f"\n    {where}" if where else ""))
         if watch.called:  # the forbidden call is the news, not what came of it
@@ -105,6 +105,49 @@ def _safe_explain(explain, got, expected) -> str | None:
         return explain(got, expected) or None
     except Exception:
         return None
+
+
+def _default_where(got, expected) -> str | None:
+    """The reason line of a check with no `explain` of its own, or whose explain
+    finds nothing: where got first differs from expected, for the common kinds
+    of value (a tensor, a list or tuple, a dict, a number), or what it is instead."""
+    if got is None:
+        return "your function returned None: is a `return` missing?"
+    if hasattr(got, "shape") and hasattr(expected, "shape"):
+        return first_difference(got, expected)
+    numeric = (int, float)
+    if isinstance(got, numeric) and isinstance(expected, numeric) and not isinstance(got, bool):
+        return f"off by {got - expected:+.6g}" if got != expected else None
+    plain = (bool, int, float, str, list, tuple, dict, set, frozenset)  # a check's own record may differ in type
+    if type(got) is not type(expected) and type(expected) in plain \
+            and not (isinstance(got, (list, tuple)) and isinstance(expected, (list, tuple))):
+        return f"a {type(got).__name__}, expected a {type(expected).__name__}"
+    if isinstance(got, (list, tuple)):
+        i = first_mismatch(got, expected)
+        if i is None:
+            return f"a {type(got).__name__}, expected a {type(expected).__name__}" if type(got) is not type(expected) \
+                else None
+        if i >= min(len(got), len(expected)):
+            return f"{len(got)} items, expected {len(expected)}: the first {i} agree"
+        return f"first difference at index {i}: expected {_short(expected[i])}, got {_short(got[i])}"
+    if isinstance(got, dict):
+        missing, extra = [k for k in expected if k not in got], [k for k in got if k not in expected]
+        if missing or extra:
+            return f"keys missing: {_short(missing)}; keys not expected: {_short(extra)}"
+        key = next((k for k in expected if got[k] != expected[k]), None)
+        return None if key is None else (f"first difference at key {key!r}: expected {_short(expected[key])}, "
+                                         f"got {_short(got[key])}")
+    fields = getattr(expected, "__dict__", None)
+    if isinstance(fields, dict) and type(got) is type(expected):  # a record: its first attribute that differs
+        for key, want in fields.items():
+            have = getattr(got, key, None)
+            if hasattr(want, "shape") and hasattr(have, "shape"):
+                where = first_difference(have, want)
+                if where:
+                    return f"{key}: {where}"
+            elif not _safe_same(operator.eq, have, want):
+                return f"first difference in {key}: expected {_short(want)}, got {_short(have)}"
+    return None
 
 
 def first_difference(got, expected, names: tuple[str, ...] = (), atol: float = 1e-4, rtol: float = 1e-4) -> str | None:

@@ -50,70 +50,243 @@ def reference_p95_and_goodput(records, slos_ms: dict, duration: float) -> tuple[
 
 # --- a routing policy of the learner's design ------------------------------------
 
-# The session workload and fleet the routing task is judged on: 120 chat sessions
-# (2 to 6 turns, 4 shared system prompts of 400 tokens) on 8 replicas. Each seed
-# is a fresh workload, so a policy cannot be tuned to one draw of it.
+
+class UnboundedSessionAffinity:
+    """Session affinity with no bound on load, a row of lab 8's routing table. A
+    first turn goes to the least loaded replica; every later turn returns to the
+    replica of the turn before, however busy it is (it moves only when that replica
+    is out of the healthy list), as vllm-router's consistent_hash keeps sessions.
+    On this simulator's session workload it passes check_session_router: see the
+    note on SESSION_MARGIN below."""
+
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        pick = next((r for r in replicas if r.id == self.home.get(request.session_id)), None)
+        if pick is None:
+            pick = min(replicas, key=lambda r: (r.outstanding, r.id))
+        self.home[request.session_id] = pick.id
+        return pick
+
+
+# The fleet the routing task is judged on: SESSION_FLEET's chat sessions on 8
+# replicas, for each seed in SESSION_SEEDS (a fresh workload each, so a policy
+# cannot be tuned to one draw), then SESSION_MORE's two other fleets. On every
+# one, a router's p95 TTFT must be SESSION_MARGIN below power of two's.
+# Unbounded session affinity (above) clears that bar too: on every workload
+# tried on this simulator (longer and skewed sessions, shorter think times, a
+# higher rate, smaller caches, fewer batch slots, a replica lost part-way),
+# moving a session costs a whole history's prefill, and that cost outweighed
+# what the bound saves. Lab 8's text says so; the check does not demand a bound.
 SESSION_SEEDS = (1, 2, 3, 4, 5)
-SESSION_MARGIN = 0.25  # p95 TTFT at least 25% below power of two's, on every seed
-SESSION_FLEET = dict(num_sessions=120, rate=2.0, replicas=8, max_num_seqs=8, prefix_cache_slots=16)
+SESSION_MARGIN = 0.25
+SESSION_FLEET = dict(num_sessions=120, rate=2.0, turns=(2, 6), think_time=8.0, replicas=8, max_num_seqs=8,
+                     prefix_cache_slots=16, failure=None, shuffled=False)
+SESSION_MORE = (  # (seed, what differs from SESSION_FLEET)
+    (6, dict(replicas=5, num_sessions=75, rate=1.25)),
+    # failure: (replica id, down at s, back at s). shuffled: the check hands the
+    # learner's router the healthy list in a new order at every request, as no
+    # balancer promises an order: a replica is known by its id, not its place.
+    (7, dict(failure=(0, 20.0, 50.0), shuffled=True)),
+)
 
 
-def session_fleet(seed: int):
-    """(workload, replicas, cost model, replica config) of the routing task for one seed."""
+def _fleet(seed: int, changes: dict) -> dict:
+    return SESSION_FLEET | dict(changes) | {"seed": seed}
+
+
+def session_fleet(seed: int, **changes):
+    """(workload, replicas, cost model, replica config) of the routing task for one
+    seed; `changes` replace SESSION_FLEET's settings (as in SESSION_MORE)."""
     from ..fleet import ReplicaConfig, StepCostModel, make_chat_workload
 
-    f = SESSION_FLEET
-    return (make_chat_workload(f["num_sessions"], f["rate"], seed=seed), f["replicas"], StepCostModel(),
+    f = _fleet(seed, changes)
+    workload = make_chat_workload(f["num_sessions"], f["rate"], turns=f["turns"], think_time=f["think_time"],
+                                  seed=seed)
+    return (workload, f["replicas"], StepCostModel(),
             ReplicaConfig(max_num_seqs=f["max_num_seqs"], prefix_cache_slots=f["prefix_cache_slots"]))
 
 
-def session_p95(policy, seed: int) -> float:
-    """p95 TTFT (s) of the session workload for this seed under `policy` (a name or an object)."""
-    from ..fleet import simulate
+def session_report(policy, seed: int, **changes):
+    """The simulator's FleetReport of the routing task for this seed under `policy`
+    (a name or an object), with SESSION_FLEET's failure (or changes'), if any."""
+    from ..fleet import Failure, simulate
 
-    workload, n, cost, config = session_fleet(seed)
-    return simulate(workload, n, cost, policy, config, seed=seed).ttft.p95
+    workload, n, cost, config = session_fleet(seed, **changes)
+    failure = _fleet(seed, changes)["failure"]
+    return simulate(workload, n, cost, policy, config, failures=[Failure(*failure)] if failure else (), seed=seed)
+
+
+def session_p95(policy, seed: int, **changes) -> float:
+    """p95 TTFT (s) of the routing task for this seed under `policy` (a name or an object)."""
+    return session_report(policy, seed, **changes).ttft.p95
+
+
+def _describe_fleet(seed: int, changes: dict) -> str:
+    f = _fleet(seed, changes)
+    text = f"seed {seed}: {f['num_sessions']} chat sessions on {f['replicas']} replicas"
+    if f["failure"]:
+        rid, down, up = f["failure"]
+        text += f", replica {rid} down from {down:g} s to {up:g} s"
+    if f["shuffled"]:
+        text += ", the healthy list in a new order at every request"
+    return text
+
+
+class _Run:
+    """What one simulated run shows: p95 TTFT, and two figures that say where the time went."""
+
+    def __init__(self, report, workload):
+        self.p95 = report.ttft.p95
+        self.cached = report.prefix_cache_hit_tokens / sum(q.prompt_len for q in workload)
+        self.busiest = max(r.completed for r in report.replicas) / max(report.completed, 1)
+        self.replicas = len(report.replicas)
+
+    def figures(self) -> str:
+        return (f"{self.cached:.0%} of prompt tokens read from the prefix cache, the busiest replica served "
+                f"{self.busiest:.0%} of the requests")
+
+    def __repr__(self):
+        return f"p95 TTFT {self.p95:.2f} s ({self.figures()})"
+
+
+class _Broken:
+    """A run the simulator could not finish: the learner's router broke its API."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __repr__(self):
+        return self.why
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Guard:
+    """The learner's router, as the simulator calls it: choose() must return one of
+    the replicas it was given (the healthy list), and raise nothing."""
+
+    def __init__(self, router, shuffle_seed: int | None = None):
+        self.router = router
+        self.rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
+
+    def choose(self, request, replicas):
+        if self.rng is not None:
+            replicas = [replicas[i] for i in self.rng.permutation(len(replicas))]
+        try:
+            pick = self.router.choose(request, replicas)
+        except NotImplementedError:
+            raise
+        except Exception as e:
+            raise _Refused(f"choose() raised {type(e).__name__}: {e}, {_on(request, replicas)}") from e
+        for r in replicas:
+            if pick is r:
+                return pick
+        got = f"replica {pick.id}" if hasattr(pick, "id") and hasattr(pick, "outstanding") else repr(pick)[:60]
+        raise _Refused(f"choose() returned {got}, which is not in the list it was given, {_on(request, replicas)}")
+
+
+def _on(request, replicas) -> str:
+    return (f"on request {request.request_id} (session {request.session_id}) with healthy replicas "
+            f"{[r.id for r in replicas]}")
 
 
 class _AtMost:
-    """An expected value that is a bound: printed as the bound and its reason."""
+    """The target of one case: a p95 TTFT bound, printed with the run that set it."""
 
-    def __init__(self, limit: float, baseline: float):
-        self.limit, self.baseline = limit, baseline
+    def __init__(self, power_of_two: _Run):
+        self.power_of_two = power_of_two
+        self.limit = (1 - SESSION_MARGIN) * power_of_two.p95
+
+    def ok(self, got) -> bool:
+        return isinstance(got, _Run) and got.p95 <= self.limit
 
     def __repr__(self):
-        return (f"p95 TTFT <= {self.limit:.2f} s (power of two's {self.baseline:.2f} s, "
-                f"less {SESSION_MARGIN:.0%})")
+        return (f"p95 TTFT <= {self.limit:.2f} s ({SESSION_MARGIN:.0%} below power of two's "
+                f"{self.power_of_two.p95:.2f} s)")
 
 
-def _under(got, expected: _AtMost) -> bool:
-    return isinstance(got, (float, int, np.floating)) and not isinstance(got, bool) and got <= expected.limit
+class _Again:
+    """Two runs of one seed, each with a fresh router."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def __repr__(self):
+        show = lambda run: f"{run.p95:.4f} s" if isinstance(run, _Run) else repr(run)  # noqa: E731
+        return f"p95 TTFT {show(self.first)} the first time, {show(self.second)} the second"
+
+
+class _Same:
+    def ok(self, got) -> bool:
+        return (isinstance(got, _Again) and isinstance(got.first, _Run) and isinstance(got.second, _Run)
+                and got.first.p95 == got.second.p95)
+
+    def __repr__(self):
+        return "the same p95 TTFT twice (the same workload, a fresh router each time)"
+
+
+def _meets(got, expected) -> bool:
+    return expected.ok(got)
 
 
 @functools.lru_cache(maxsize=None)
-def _baseline_p95(seed: int) -> float:
-    return session_p95("power_of_two", seed)  # the same for every learner: computed once per seed
+def _power_of_two(seed: int, changes: tuple) -> _Run:
+    # The same for every learner: computed once per process.
+    return _Run(session_report("power_of_two", seed, **dict(changes)), session_fleet(seed, **dict(changes))[0])
+
+
+def _explain(got, expected) -> str | None:
+    if isinstance(got, _Again) and isinstance(got.first, _Run) and isinstance(got.second, _Run):
+        return ("the same workload gave two different results: something outside the new router's own state "
+                "changed its choices (state shared between instances, in a class attribute, a default argument or "
+                "a global, or random numbers drawn without a seed)")
+    if isinstance(got, _Run) and isinstance(expected, _AtMost):
+        return f"for comparison, power of two: {expected.power_of_two.figures()}"
+    return None
+
+
+SESSION_CASES = tuple((seed, {}) for seed in SESSION_SEEDS) + SESSION_MORE  # (seed, changes) of every fleet
 
 
 def _session_cases() -> list[Case]:
     cases = []
-    for seed in SESSION_SEEDS:
-        baseline = _baseline_p95(seed)
-        workload = session_fleet(seed)[0]
-        cases.append(Case((seed,), _AtMost((1 - SESSION_MARGIN) * baseline, baseline),
-                          f"seed {seed}: {len(workload)} requests from {SESSION_FLEET['num_sessions']} chat sessions "
-                          f"on {SESSION_FLEET['replicas']} replicas"))
+    for seed, changes in SESSION_CASES:
+        key = tuple(sorted(changes.items()))
+        target = _AtMost(_power_of_two(seed, key))
+        cases.append(Case((seed, key), target, _describe_fleet(seed, changes)))
+    again = SESSION_SEEDS[0]  # after the other seeds: a router that shares its memory has it filled by then
+    cases.insert(len(SESSION_SEEDS), Case((again, (), "again"), _Same(),
+                                          f"{_describe_fleet(again, {})}, run again with a fresh router"))
     return cases
 
 
 def check_session_router(make_router) -> bool:
     """make_router() -> a fresh policy object with .choose(request, replicas). On
-    the session workload of every seed in SESSION_SEEDS, its p95 TTFT must be at
-    least SESSION_MARGIN below the power of two's."""
-    def p95(seed):
-        return session_p95(make_router(), seed)  # a fresh router per run: no memory carried between seeds
+    every fleet of SESSION_CASES, its p95 TTFT must be SESSION_MARGIN below power of
+    two's; one seed run again with a fresh router must give the same p95; and
+    choose() must return one of the replicas it is given."""
+    first = {}
 
-    return run_check("session_router", p95, _session_cases, same=_under, forbidden=(ReferenceSessionRouter,))
+    def run(seed, key):
+        workload = session_fleet(seed, **dict(key))[0]
+        guard = _Guard(make_router(), seed if _fleet(seed, dict(key))["shuffled"] else None)
+        try:
+            return _Run(session_report(guard, seed, **dict(key)), workload)
+        except _Refused as e:
+            return _Broken(str(e))
+
+    def p95(seed, key, again=None):
+        if again:
+            return _Again(first.get((seed, key)), run(seed, key))
+        first[seed, key] = run(seed, key)  # a fresh router per run: no memory carried between runs
+        return first[seed, key]
+
+    return run_check("session_router", p95, _session_cases, same=_meets, forbidden=(ReferenceSessionRouter,),
+                     explain=_explain)
 
 
 # --- p95 and goodput -----------------------------------------------------------
@@ -193,6 +366,7 @@ def check_p95_and_goodput(fn) -> bool:
 
 LAB = Lab(8, "from one machine to a fleet",
           exports=("check_session_router", "check_p95_and_goodput", "ReferenceSessionRouter",
-                   "reference_p95_and_goodput", "session_fleet", "session_p95", "SESSION_SEEDS", "SESSION_MARGIN"),
+                   "reference_p95_and_goodput", "session_fleet", "session_report", "session_p95", "SESSION_SEEDS",
+                   "SESSION_CASES", "SESSION_MARGIN", "UnboundedSessionAffinity"),
           fallbacks={"check_session_router": ReferenceSessionRouter,
                      "check_p95_and_goodput": reference_p95_and_goodput})

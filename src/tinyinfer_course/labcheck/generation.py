@@ -16,8 +16,13 @@ import torch
 from tinyinfer.kv_cache import KVCache
 from tinyinfer.llm import LLM
 from tinyinfer.llm_engine import LLMEngine
-from tinyinfer.sampling import SamplingParams
+from tinyinfer.block_manager import BlockManager
+from tinyinfer.model_runner import ModelRunner
+from tinyinfer.request import Request
+from tinyinfer.sampling import SamplerOutput, SamplingParams
+from tinyinfer.scheduler import Scheduler, SchedulerConfig
 from .core import Case, first_mismatch, run_check
+from .fixtures import tiny_model
 from .registry import Lab
 
 
@@ -81,7 +86,7 @@ class _CountingCache:
     made: list = []
 
     def __new__(cls, config, batch_size, max_len, dtype, device):
-        cls.made.append((batch_size, max_len))
+        cls.made.append((batch_size, max_len, dtype))
         return KVCache(config, batch_size, max_len, dtype, device)
 
 
@@ -91,6 +96,16 @@ def _greedy(logits) -> int:
         shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"sample(logits) takes one row of scores, shape [vocab_size]; your loop passed {shape}")
     return int(torch.argmax(logits))
+
+
+class _Raised:
+    """What the loop raised, in place of its tokens."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
 
 
 class _Outcome:
@@ -113,6 +128,8 @@ class _Outcome:
 
 def _where(got, expected) -> str | None:
     """The first reply token or forward pass where the loop differs from the engine's."""
+    if isinstance(got, _Outcome) and isinstance(got.tokens, _Raised):
+        return f"first difference: your loop {got.tokens.text}, after {len(got.passes)} forward pass(es) began"
     if not isinstance(got, _Outcome) or not isinstance(got.tokens, list):
         return None
     at = first_mismatch(got.tokens, expected.tokens)
@@ -133,8 +150,16 @@ def _run(generate):
     def run(model, prompt_ids, max_tokens, stop_ids, counted_cache):
         counting = _CountingModel(model)
         _CountingCache.made = []
-        tokens = generate(counting, list(prompt_ids), max_tokens, _greedy, stop_ids,
-                          *([_CountingCache] if counted_cache else []))
+        try:
+            tokens = generate(counting, list(prompt_ids), max_tokens, _greedy, stop_ids,
+                              *([_CountingCache] if counted_cache else []))
+        except NotImplementedError:
+            raise
+        except Exception as e:  # shown against the expected outcome, with the caches the loop made
+            weight = str(model.model.embed_tokens.weight.dtype).removeprefix("torch.")
+            made = ", ".join(str(m[2]).removeprefix("torch.") for m in _CountingCache.made) or "none"
+            tokens = _Raised(f"raised {type(e).__name__}: {str(e)[:120]} (weights {weight}, "
+                             f"caches made from cache_class: {made})")
         tokens = [int(t) for t in tokens] if isinstance(tokens, (list, tuple)) else tokens
         return _Outcome(tokens, counting.passes, len(_CountingCache.made) if counted_cache else None,
                         counting.recorded)
@@ -142,7 +167,7 @@ def _run(generate):
 
 
 def _generate_cases() -> list[Case]:
-    return list(_engine_cases())
+    return list(_engine_cases()) + list(_bf16_cases())
 
 
 @functools.lru_cache(maxsize=1)
@@ -175,6 +200,44 @@ def _engine_cases() -> tuple[Case, ...]:
                 f"stop_ids={stop_ids}, sample=greedy" + (", cache_class=a KVCache maker" if counted else ""))
         cases.append(Case((llm.model, ids, max_tokens, stop_ids, counted), expected, show))
     return tuple(cases)
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_cases() -> tuple[Case, ...]:
+    """A tiny random model in bfloat16 (issue 56): a loop that makes its cache in
+    float32, whatever the weights, fails here (the lab says: the weights' dtype and
+    device). The expected tokens come from the engine's own scheduler and model
+    runner, in the model's dtype."""
+    model = tiny_model(seed=3, init_std=0.3).to(torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (9,), generator=torch.Generator().manual_seed(11)).tolist()
+    cases = []
+    for max_tokens, stop_ids in ((6, ()),):
+        tokens = _engine_tokens_on(model, ids, max_tokens, stop_ids)
+        passes = [(len(ids), 0)] + [(1, len(ids) + i) for i in range(len(tokens) - 1)]
+        show = (f"a tiny random model in bfloat16 (2 layers, vocabulary {model.config.vocab_size}): prompt {ids}, "
+                f"max_tokens={max_tokens}, stop_ids={stop_ids}, sample=greedy, cache_class=a KVCache maker "
+                "(make the cache in the dtype and on the device of the model's weights)")
+        cases.append(Case((model, ids, max_tokens, stop_ids, True), _Outcome(tokens, passes, 1), show))
+    return tuple(cases)
+
+
+def _engine_tokens_on(model, prompt_ids: list[int], max_tokens: int, stop_ids) -> list[int]:
+    """Greedy tokens of tinyinfer's own Scheduler, BlockManager and ModelRunner, in the
+    dtype and on the device of the model's weights (LLM.generate without the tokenizer)."""
+    weight = model.model.embed_tokens.weight
+    num_blocks, block_size = -(-(len(prompt_ids) + max_tokens) // 4) + 1, 4
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+    scheduler = Scheduler(SchedulerConfig(1, len(prompt_ids) + max_tokens, True, "recompute"), bm)
+    runner = ModelRunner(model, weight.device, weight.dtype, num_blocks, block_size)
+    request = Request("bf16", None, list(prompt_ids), SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                      stop_ids)
+    scheduler.add(request)
+    with torch.inference_mode():
+        while scheduler.waiting or scheduler.running:
+            out = scheduler.schedule()
+            tokens = [int(row.argmax()) for row in runner.execute_model(out).logits]
+            scheduler.update_from_output(out, SamplerOutput(token_ids=tokens, logprobs=[None] * len(tokens)))
+    return list(request.samples[0].output_token_ids)
 
 
 def check_generate(generate) -> bool:

@@ -105,6 +105,9 @@ class _Scenario:
     token_budget: int
     requests: list[tuple[str, list[tuple[str, int]], int]]  # (seq_id, prompt as (source, length) pieces, max_tokens)
     why: str
+    together: bool = False  # all requests arrive at once (one run of the loop), not one after another
+    max_num_seqs: int = 4
+    admissions: dict | None = None  # together: the tokens cached at each admission, worked out by hand
 
 
 def _prompt(pieces) -> list[int]:
@@ -125,8 +128,47 @@ _SCENARIOS = [
     _Scenario(11, 4, 16, [("a", [("s", 8), ("x", 4)], 4), ("b", [("q", 8)], 24), ("c", [("s", 8), ("y", 4)], 2)],
               "a pool of 11 blocks of 4: b needs 8 of them, every block a left free, so a's cached blocks must stay "
               "out of the free list for c to reuse them intact"),
+    # Issue 56: requests that arrive together. With a token budget of 5, a prompt's chunks end inside
+    # blocks, and o's growth preempts b half-way through its prompt; b then comes back and hits the
+    # blocks a and it filed. A cache that files a block before all its tokens are computed hands out
+    # keys and values nobody wrote. (The hits are what a correct cache gives: the course's and the
+    # tests' own agree.)
+    _Scenario(8, 4, 5, [("o", [("s", 4)], 14), ("a", [("s", 4), ("p", 10)], 3),
+                        ("b", [("s", 4), ("p", 10), ("q", 2)], 2)],
+              "o, a and b arrive together; the budget of 5 ends chunks inside blocks, and o's growth preempts b "
+              "half-way through its prompt", together=True, admissions={"o": [0], "a": [0], "b": [4, 12]}),
 ]
 MAX_STEPS = 200
+MISSES = "allocator changed by a lookup that found nothing"
+
+
+class _MissWatch:
+    """The learner's cache, as with_prefix_cache sees it: a lookup that returns 0 must
+    leave the allocator as it was (no empty table, no count, no reference)."""
+
+    def __init__(self, cache, missed: list):
+        self.cache, self.missed = cache, missed
+
+    def lookup(self, req, allocator) -> int:
+        before = _state(allocator)
+        hit = self.cache.lookup(req, allocator)
+        if not hit and not self.missed:
+            after = _state(allocator)
+            changed = [name for name in before if before[name] != after[name]]
+            if changed:
+                self.missed.append(f"lookup({req.seq_id!r}) returned {hit!r} and changed the allocator's "
+                                   + " and ".join(changed) + f" (for {req.seq_id!r}: table "
+                                   f"{after['block_tables'].get(req.seq_id, 'none')!r}, num_tokens "
+                                   f"{after['num_tokens'].get(req.seq_id, 'none')!r})")
+        return hit
+
+    def insert(self, req, allocator, num_computed: int) -> None:
+        return self.cache.insert(req, allocator, num_computed)
+
+
+def _state(allocator) -> dict:
+    return {"block_tables": {s: list(t) for s, t in allocator.block_tables.items()},
+            "num_tokens": dict(allocator.num_tokens), "ref_count": list(allocator.ref_count)}
 
 
 class _Stopped(Exception):
@@ -135,13 +177,16 @@ class _Stopped(Exception):
 
 def _serve(cache_cls, sc: _Scenario, cached: bool) -> dict:
     """The scenario's requests one after another; what a correct cache is judged by."""
+    if sc.together:
+        return _serve_together(cache_cls, sc, cached)
     allocator = ReferenceBlockAllocator(sc.num_blocks, sc.block_size)
     with paused():  # the check's own model step: tinyinfer's ModelRunner
         execute = pausing(make_execute_model(tiny_model(), sc.num_blocks, sc.block_size))
     schedule = reference_schedule
     cache = cache_cls(sc.block_size, reference_prefix_hashes) if cached else None
+    missed = []  # what a lookup that found nothing changed in the allocator
     if cache is not None:
-        schedule, execute = with_prefix_cache(schedule, execute, cache)
+        schedule, execute = with_prefix_cache(schedule, execute, _MissWatch(cache, missed))
     steps = [0]
 
     def counted(*args):
@@ -172,7 +217,55 @@ def _serve(cache_cls, sc: _Scenario, cached: bool) -> dict:
         return {"stopped": str(e)}
     return {"outputs": outputs, "cached tokens per request": hits, "blocks in its table after its first step": tables,
             "blocks by users, once admitted": admitted, "blocks by users, once finished": finished,
-            "free blocks at the end": len(allocator.free_blocks)}
+            "free blocks at the end": len(allocator.free_blocks), MISSES: missed}
+
+
+def _serve_together(cache_cls, sc: _Scenario, cached: bool) -> dict:
+    """The scenario's requests arriving together (issue 56): a request's prompt blocks may be
+    filed, looked up and shared while another is still computing its own, and a request
+    preempted half-way through its prompt is admitted again later. Judged by the greedy
+    tokens, the tokens cached at each admission, and the blocks once all have finished."""
+    allocator = ReferenceBlockAllocator(sc.num_blocks, sc.block_size)
+    with paused():
+        execute = pausing(make_execute_model(tiny_model(), sc.num_blocks, sc.block_size))
+    schedule, missed = reference_schedule, []
+    if cached:
+        schedule, execute = with_prefix_cache(schedule, execute, _MissWatch(cache_cls(sc.block_size,
+                                                                                      reference_prefix_hashes), missed))
+    requests = [Request(seq_id, _prompt(pieces), max_tokens) for seq_id, pieces, max_tokens in sc.requests]
+    admissions = {req.seq_id: [] for req in requests}
+    steps = [0]
+
+    def noted(waiting, running, allocator_, budget, max_seqs):
+        steps[0] += 1
+        if steps[0] > MAX_STEPS:
+            raise _Stopped(f"still running after {MAX_STEPS} steps")
+        before = {id(req) for req in running}
+        out = schedule(waiting, running, allocator_, budget, max_seqs)
+        for req in running:  # admitted this step, with its cached tokens already counted as computed
+            if id(req) not in before:
+                admissions[req.seq_id].append(req.num_computed)
+        return out
+
+    try:
+        reference_run_engine(requests, allocator, noted, execute, greedy, sc.token_budget, sc.max_num_seqs, [])
+    except _Stopped as e:
+        return {"stopped": str(e)}
+    return {"outputs": {req.seq_id: list(req.output_ids) for req in requests},
+            "tokens cached at each admission": admissions,
+            "blocks by users, once all have finished": _users(allocator),
+            "free blocks at the end": len(allocator.free_blocks), MISSES: missed}
+
+
+def _expected_together(sc: _Scenario) -> dict:
+    """Greedy tokens without a cache, the hits worked out by hand for the scenario
+    (sc.admissions), and every distinct full prompt block filed once all have finished."""
+    result = _serve_together(None, sc, cached=False)
+    distinct = {h for _, pieces, _ in sc.requests for h in reference_prefix_hashes(_prompt(pieces), sc.block_size)}
+    result["tokens cached at each admission"] = dict(sc.admissions)
+    result["blocks by users, once all have finished"] = _users(_Counts([1] * len(distinct)))
+    result["free blocks at the end"] = sc.num_blocks - len(distinct)
+    return result
 
 
 def _users(allocator) -> str:
@@ -191,12 +284,25 @@ def _where(got, expected) -> str | None:
     """The first request, and the first thing about it, that differs."""
     if not isinstance(got, dict) or "stopped" in got or "stopped" in expected:
         return None
+    if "tokens cached at each admission" in expected:  # requests that arrived together
+        for key, theirs in expected.items():
+            mine = got.get(key)
+            if key == MISSES or mine == theirs:
+                continue
+            if isinstance(theirs, dict):
+                differs = [s for s in theirs if not isinstance(mine, dict) or mine.get(s) != theirs[s]]
+                seq_id = (differs or list(theirs))[0]
+                mine = mine.get(seq_id) if isinstance(mine, dict) else mine
+                return f"first difference: request {seq_id!r}, {key}: expected {theirs[seq_id]!r}, got {mine!r}"
+            return f"first difference: {key}: expected {theirs!r}, got {mine!r}"
     for seq_id in expected["outputs"]:
         for key in ("outputs", "cached tokens per request", "blocks in its table after its first step",
                     "blocks by users, once admitted", "blocks by users, once finished"):
             mine, theirs = got.get(key, {}).get(seq_id), expected[key][seq_id]
             if mine != theirs:
                 return f"request {seq_id!r}, {key}: expected {theirs!r}, got {mine!r}"
+    if got.get(MISSES):
+        return f"first difference: {got[MISSES][0]}; with no hit, lookup must change nothing and return 0"
     return None
 
 
@@ -225,6 +331,7 @@ def _expected(sc: _Scenario) -> dict:
     result["blocks by users, once admitted"] = admitted
     result["blocks by users, once finished"] = finished
     result["free blocks at the end"] = sc.num_blocks - len(seen)  # the cache keeps every distinct full block
+    result[MISSES] = []
     return result
 
 
@@ -238,10 +345,11 @@ def _cases() -> list[Case]:
     for sc in _SCENARIOS:
         reqs = ", ".join(f"{s}: prompt {'+'.join(f'{src}[{n}]' for src, n in p)}, max_tokens {m}"
                          for s, p, m in sc.requests)
-        show = (f"{sc.why}. Requests one after another on the tiny model, BlockAllocator({sc.num_blocks}, "
+        order = f"arriving together (at most {sc.max_num_seqs} running)" if sc.together else "one after another"
+        show = (f"{sc.why}. Requests {order} on the tiny model, BlockAllocator({sc.num_blocks}, "
                 f"block_size={sc.block_size}), token_budget={sc.token_budget}; {reqs} (x[n]: n seeded tokens "
                 "from source x, so equal sources make equal prefixes)")
-        cases.append(Case((sc,), _expected(sc), show))
+        cases.append(Case((sc,), _expected_together(sc) if sc.together else _expected(sc), show))
     return cases
 
 

@@ -17,8 +17,10 @@ milliseconds per module kind:
   starts in none.
 
 The check runs the learner's function on a trace recorded once on the course's
-machine and stored with the course (data/lab04_decode_trace.json), and on a
-small trace written by hand, never on a live timing: a busy machine cannot
+machine and stored with the course (data/lab04_decode_trace.json), and on
+small traces written by hand (one of them shuffled, one of ties and boundaries:
+the same start, an operator starting exactly as a range ends, ranges ending
+together), never on a live timing: a busy machine cannot
 make it fail.
 """
 from __future__ import annotations
@@ -171,6 +173,48 @@ def _hand_trace() -> dict:
     return {"traceEvents": events}
 
 
+def _shuffled(trace: dict, seed: int = 4) -> dict:
+    """The same events in another order: a trace file need not list its events
+    by start time (the profiler writes an event when it ends)."""
+    import random
+
+    events = list(trace["traceEvents"])
+    random.Random(seed).shuffle(events)
+    return {"traceEvents": events}
+
+
+def _edge_trace() -> dict:
+    """Ties and boundaries, as a real trace has them, each pair listed in the
+    order that a walk which ignores the tie rule gets wrong:
+    - a parent and its child with the same start, the child listed first (two
+      module ranges, an operator and the innermost range, two operators); and
+      two pairs listed parent first;
+    - an operator that starts exactly where another ends, and one exactly where
+      a module range ends ([ts, ts + dur) holds its start, not its end);
+    - a linear whose two nested operators run one after the other;
+    - two module ranges ending together, then an operator outside both."""
+    events = [
+        {"name": "step", "cat": "user_annotation", "ts": 0.0, "dur": 200.0},
+        _op("aten::addmm", 10.0, 8.0),  # inside the linear below, which starts with it
+        _op("aten::linear", 10.0, 10.0),  # starts with the attention range: in it, 10 µs
+        _module("attention", 10.0, 30.0),  # inside the layer, which starts with it
+        _module("layer", 10.0, 80.0),
+        _op("aten::softmax", 20.0, 5.0),  # starts as the linear ends: top level, attention's
+        _op("aten::add", 40.0, 3.0),  # starts as the attention range ends: the layer's
+        _module("norm", 44.0, 4.0),  # listed parent first
+        _op("aten::rms_norm", 44.0, 3.5),
+        _module("mlp", 50.0, 40.0),  # ends with the layer, at 90
+        _op("aten::linear", 55.0, 30.0),
+        _op("aten::t", 56.0, 1.0),  # inside the linear
+        _op("aten::mm", 60.0, 24.0),  # inside the linear too, after aten::t has ended
+        _op("aten::argmax", 95.0, 5.0),  # after the layer and the MLP ended together: "other"
+        _module("layer", 110.0, 40.0),  # a second layer and its attention, same start, listed parent first
+        _module("attention", 110.0, 20.0),
+        _op("aten::bmm", 112.0, 5.0),
+    ]
+    return {"traceEvents": events}
+
+
 def _same(got, expected) -> bool:
     return (isinstance(got, dict) and set(got) == set(expected)
             and all(isinstance(got[k], (int, float)) and not isinstance(got[k], bool)
@@ -191,11 +235,22 @@ def _explain(got, expected) -> str | None:
 
 def _cases() -> list[Case]:
     hand, recorded = _hand_trace(), load_recorded_trace()
+    shuffled, edges = _shuffled(hand), _edge_trace()
     n_ops = sum(e["cat"] == "cpu_op" for e in recorded["traceEvents"])
     return [
         Case((hand,), reference_breakdown_by_module(hand),
              "a hand-made trace of one 100 µs step: a layer holding a norm and an MLP (with nested operators), "
              "a residual add in the layer itself, and two operators outside every module"),
+        Case((shuffled,), reference_breakdown_by_module(shuffled),
+             "the same hand-made trace with its events shuffled (a trace file need not list them by start time): "
+             + ", ".join(f"{e['name']}@{e['ts']:g}" for e in shuffled["traceEvents"])),
+        Case((edges,), reference_breakdown_by_module(edges),
+             "ties and boundaries, by hand: a parent and its child with the same start, the child listed first "
+             "(two module ranges at 10 µs, an operator and its range, aten::linear and its aten::addmm); "
+             "aten::softmax starting exactly as aten::linear ends (20 µs) and aten::add exactly as the attention "
+             "range ends (40 µs); a linear whose aten::t and aten::mm run one after the other; the layer and "
+             "its MLP ending together at 90 µs, then aten::argmax at 95 µs, outside both. Events: "
+             + ", ".join(f"{e['name']} [{e['ts']:g}, {e['ts'] + e['dur']:g})" for e in edges["traceEvents"])),
         Case((recorded,), reference_breakdown_by_module(recorded),
              f"the course's recorded trace of one SmolLM2-135M decode step ({n_ops:,} operator events; "
              "labcheck.load_recorded_trace())"),

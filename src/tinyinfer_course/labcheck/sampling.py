@@ -22,7 +22,7 @@ import torch
 
 from tinyinfer import sampling as engine
 from tinyinfer.sampler import Sampler
-from .core import Case, run_check
+from .core import Case, first_difference, run_check
 from .registry import Lab
 
 INF = float("inf")
@@ -226,7 +226,19 @@ def check_top_p(fn) -> bool:
     tokens whose probabilities sum to at least p, against
     tinyinfer.sampling.apply_top_p (tied tokens may be chosen either way)."""
     return run_check("top_p", lambda probe: probe(fn), _top_p_cases, same=_same_cut,
-                     forbidden=_engine("apply_top_p"))
+                     forbidden=_engine("apply_top_p"), explain=_where_cut)
+
+
+def _where_cut(got, expected: _Cut) -> str | None:
+    """How many tokens the cut kept against how many it should (ties may go
+    either way, so the count is what is sure), or the first kept score changed."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.original.shape:
+        return None
+    got = got.detach().float().cpu()
+    kept, should = int((got > -INF).sum()), int((expected.reference > -INF).sum())
+    if kept != should:
+        return f"kept {kept} tokens (scores above -inf), expected {should}"
+    return first_difference(got, expected.reference)
 
 
 # ------------------------------------------------------------ repetition penalty
@@ -335,13 +347,24 @@ def _is_id(token) -> bool:
     return isinstance(token, numbers.Integral) and not isinstance(token, bool)
 
 
+def _changed(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether a call changed its input (NaN equal to NaN); one cheap comparison when it did not."""
+    if torch.equal(before, after):
+        return False
+    return not (torch.equal(before.isnan(), after.isnan()) and torch.equal(before.nan_to_num(), after.nan_to_num()))
+
+
 def _draws(fn, logits, temperature, seed, n) -> list:
-    """n draws with one seeded generator; a draw that is not an int is reported
-    (as _NotAnId) and ends the list."""
+    """n draws with one seeded generator; a draw that is not an int, or one that
+    changed the logits it was given, is reported (as _NotAnId, _ChangedInput)
+    and ends the list."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        token = fn(logits.clone(), temperature, generator)
+        x = logits.clone()
+        token = fn(x, temperature, generator)
+        if _changed(logits, x):  # the engine reads the same row again (logprobs): leave it alone
+            return out + [_ChangedInput(x)]
         if not _is_id(token):
             return out + [_NotAnId(token)]
         out.append(int(token))
@@ -360,7 +383,7 @@ def _frequency_probe(logits: torch.Tensor, temperature: float, n: int = NUM_DRAW
         except Exception as e:  # overflow in exp, say: shown against the expected frequencies
             return _Raised(e)
         for token in tokens:
-            if isinstance(token, _NotAnId):
+            if isinstance(token, (_NotAnId, _ChangedInput)):
                 return token
             if not 0 <= token < len(probs):
                 return f"a token id out of range: {token}"
@@ -376,14 +399,17 @@ SAME_DRAWS = "the same 30 tokens from two generators with the same seed"
 def _same_draws(fn, logits, temperature):
     first = _draws(fn, logits, temperature, seed=7, n=30)
     again = _draws(fn, logits, temperature, seed=7, n=30)
-    wrong = next((t for t in first + again if isinstance(t, _NotAnId)), None)
+    wrong = next((t for t in first + again if isinstance(t, (_NotAnId, _ChangedInput))), None)
     if wrong is not None:
         return wrong
     return SAME_DRAWS if first == again else f"two generators with the same seed gave {first} and {again}"
 
 
 def _greedy_id(fn, logits):
-    token = fn(logits.clone(), 0.0, torch.Generator().manual_seed(0))
+    x = logits.clone()
+    token = fn(x, 0.0, torch.Generator().manual_seed(0))
+    if _changed(logits, x):
+        return _ChangedInput(x)
     return token if _is_id(token) else _NotAnId(token)
 
 

@@ -21,7 +21,8 @@ A report is JSON:
                of a prompt's log-probabilities
     decode     [{shape, weight_bytes, dtype, batch, mode, step_ms,
                step_ms_includes_prefill, bound_ms, fraction_of_bound,
-               launches_per_step}]; mode is eager, graphs, compiled or
+               launches_per_step}]; MBU and MFU are computed against the datasheet
+               of the GPU named (hardware.CHIPS), not stored; mode is eager, graphs, compiled or
                transformers; bound_ms is weight_bytes / bandwidth. A row may add
                tok_s and step_ms_derived (how step_ms was worked out from tok/s)
     notebooks  [{name, seconds, ok, error}]: each solution notebook run on the GPU
@@ -33,6 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import fingerprint
+from ..analysis.hardware import CHIPS, Chip, mbu, mfu
 from .stored import StoredReport
 
 DATA = Path(__file__).resolve().parent / "data"  # beside peers' copies: measurements, not engine code
@@ -131,6 +133,13 @@ def _pct(fraction: float) -> str:
     return f"{fraction:.1%}" if fraction < 0.095 else f"{fraction:.0%}"
 
 
+def _share(fraction: float | None) -> str:
+    """A utilisation: as _pct, with two significant digits below 0.1% (an MFU of 0.0037%)."""
+    if fraction is None:
+        return "not known"
+    return _pct(fraction) if fraction >= 0.001 else f"{100 * fraction:.2g}%"
+
+
 def header(report: dict) -> str:
     m = report["meta"]
     where = (f"stored copy: tinyinfer_course/reports/data/{Path(report['source']).name}" if report.get("stored")
@@ -177,21 +186,51 @@ def _sorted(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r.get("weight_bytes") or 0, r.get("batch", 0), order.get(r.get("mode"), 9)))
 
 
+def datasheet_chip(device: str | None) -> Chip | None:
+    """The datasheet (hardware.CHIPS) of the GPU a report names, or None for one the
+    course has no figures for. A PCIe board has lower peaks than the SXM one listed."""
+    if not device or "PCIe" in device:
+        return None
+    return next((chip for name, chip in CHIPS.items() if name.split()[0] in device), None)
+
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2}  # the formats the datasheet's tensor-core peak (CHIPS) is for
+
+
+def utilisation(row: dict, chip: Chip | None) -> tuple[float | None, float | None]:
+    """(MBU, MFU) of a decode row against the chip's datasheet peaks: the weights' bytes
+    per second of the step, and 2 FLOPs per parameter per sequence (attention's few left
+    out). None where the step time, the chip, or (for MFU) a 16-bit format is missing."""
+    if chip is None or not row.get("step_ms") or not row.get("weight_bytes"):
+        return None, None
+    seconds, width = row["step_ms"] / 1e3, DTYPE_BYTES.get(row.get("dtype"))
+    flops = 2 * row["weight_bytes"] / width * row.get("batch", 1) if width else None
+    return (mbu(row["weight_bytes"], seconds, chip.roofline.bandwidth),
+            mfu(flops, seconds, chip.roofline.peak_flops) if flops else None)
+
+
 def decode_table(report: dict) -> str:
     rows = report["decode"]
     if not rows:
         return "No decode rows in this report."
-    out = ["| shape, weights | batch | engine | ms per step | bound | % of bound | kernel launches per step |",
-           "|---|---|---|---|---|---|---|"]
+    chip = datasheet_chip(report["meta"].get("device"))
+    out = ["| shape, weights | batch | engine | ms per step | bound | % of bound | kernel launches per step "
+           "| MBU, datasheet | MFU, datasheet |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in _sorted(rows):
         marks = ("¹" if r.get("step_ms_includes_prefill") else "") + ("²" if r.get("step_ms_derived") else "")
         step = f"{_step(r['step_ms'])[:-3]}{marks}" if r.get("step_ms") is not None else "not measured"
         bound = _ms(r["bound_ms"]) if r.get("bound_ms") is not None else "not known"
         frac = _pct(r["fraction_of_bound"]) if r.get("fraction_of_bound") is not None else "not known"
         weights = f"{r['weight_bytes'] / 1e9:.2f} GB {r.get('dtype', '')}" if r.get("weight_bytes") else "?"
+        used = " | ".join(_share(x) for x in utilisation(r, chip))
         out.append(f"| {_shape(r)}, {weights} | {r.get('batch')} | {MODE_NAMES.get(r.get('mode'), r.get('mode'))} "
-                   f"| {step} | {bound} | {frac} | {_num(r.get('launches_per_step'), ',d')} |")
-    notes = []
+                   f"| {step} | {bound} | {frac} | {_num(r.get('launches_per_step'), ',d')} | {used} |")
+    notes = [f"% of bound: against the bandwidth measured on the run. MBU and MFU: against the {chip.name} "
+             f"datasheet ({chip.roofline.bandwidth / 1e12:.2f} TB/s, {chip.roofline.peak_flops / 1e12:,.0f} TFLOP/s "
+             "dense in 16 bits); the bytes are the weights, the FLOPs 2 per parameter and sequence."
+             if chip else "% of bound: against the bandwidth measured on the run. MBU and MFU: not known, as the "
+             "course has no datasheet for this GPU."]
     if any(r.get("step_ms_includes_prefill") for r in rows):
         notes.append("¹ includes the prompt's prefill, spread over the new tokens (a user's ms per token), so a "
                      "decode step alone is shorter and its share of the bound higher.")
@@ -246,6 +285,29 @@ def bound_sentence(report: dict) -> str:
     if any(r.get("step_ms_includes_prefill") for r in report["decode"]):
         parts.append("These step times include the prefill, so they overstate a decode step somewhat.")
     return " ".join(parts)
+
+
+def utilisation_sentence(report: dict) -> str:
+    """Each shape's fastest batch-1 step as MBU and MFU against the datasheet of the GPU the
+    report names, and the MFU that a batch-1 step could reach at most (1 FLOP per byte of
+    16-bit weights, over the ridge point)."""
+    chip = datasheet_chip(report["meta"].get("device"))
+    if chip is None:
+        return ""
+    parts = []
+    for shape in _shapes(report):
+        row = _best(_rows(report, shape=shape, batch=1))
+        used_bytes, used_flops = utilisation(row, chip) if row else (None, None)
+        if used_bytes is not None and used_flops is not None:
+            parts.append(f"the {_shape(row)} shape ({row['mode']}) had an MBU of {_share(used_bytes)} and an MFU of "
+                         f"{_share(used_flops)}")
+    if not parts:
+        return ""
+    ridge = chip.roofline.ridge_point
+    return (f"Against the {chip.name} datasheet, the fastest batch-1 step of " + ", and that of ".join(parts) + ". "
+            f"A batch-1 step in 16 bits does 1 FLOP per byte of weights, so even at an MBU of 100% its MFU could "
+            f"not pass {_share(1 / ridge)} (1 over the ridge point, {ridge:.0f} FLOP per byte): for decode, MBU "
+            "is the figure to watch.")
 
 
 def _layers(row: dict) -> int | None:
@@ -365,8 +427,8 @@ def notebook_sentence(report: dict) -> str:
     return text + (f"; failed: {', '.join(failed)}." if failed else ".")
 
 
-SENTENCES = {"bound": bound_sentence, "size": size_sentence, "launch": launch_sentence, "batch": batch_sentence,
-             "notebooks": notebook_sentence}
+SENTENCES = {"bound": bound_sentence, "utilisation": utilisation_sentence, "size": size_sentence,
+             "launch": launch_sentence, "batch": batch_sentence, "notebooks": notebook_sentence}
 
 
 def explain(report: dict, skip: tuple[str, ...] = ()) -> str:

@@ -19,8 +19,10 @@ than bytes. The sentences below are written from the measurements, not for one C
 A saved report is JSON:
     meta     date, cpu, cores, threads, vector_units, emulation (the settings that
              kept torch below the CPU's instructions, if any), bandwidth_gb_s,
-             input_len, output_len, concurrency, num_prompts, baseline (a key of
-             engines), note, and engine_stamp: the fingerprint of the modules
+             peak_gflops ({format: a square matrix product's GFLOP/s}, runs
+             from 2026-12-07 on: the peak MFU is taken against), input_len,
+             output_len, concurrency, num_prompts, baseline (a key of engines),
+             note, and engine_stamp: the fingerprint of the modules
              `tinyinfer serve` ran (REPORT.stamp()), which the header compares
              with today's code (REPORT.note)
     engines  {key: {engine, label, format, weight_bytes, version, command}}; a
@@ -35,6 +37,7 @@ import argparse
 from pathlib import Path
 
 from .. import fingerprint, machine
+from ..analysis.hardware import mbu, mfu
 from .stored import StoredReport
 
 # The copies stored with the course (one `make peers` run each), beside this file
@@ -183,11 +186,18 @@ def concurrencies(report: dict) -> list[int]:
     return sorted({c for r in report["runs"].values() for c in r})
 
 
+def short_label(label: str) -> str:
+    """An engine's name in tables and sentences: the program, not its command line
+    ('tinyinfer serve --no-enforce-eager' is 'tinyinfer compiled'). A flag in a Markdown
+    table would also print with an en dash for its two hyphens."""
+    return label.replace(" serve --no-enforce-eager", " compiled").replace(" serve", "").replace(" llama-server", "")
+
+
 def row_name(report: dict, key: str) -> str:
     e = report["engines"][key]
     config = e.get("config") or {}
     head = ", LM head not quantized" if config.get("quantization") and not config.get("lm_head_quantization") else ""
-    return f"{e['label']}, {e['format']}{head}"
+    return f"{short_label(e['label'])}, {e['format']}{head}"
 
 
 def header(report: dict) -> str:
@@ -296,11 +306,12 @@ def bytes_sentence(report: dict) -> str:
     for k, e, r in rows:
         reached = e["weight_bytes"] / r["median_tpot_ms"] / 1e6  # GB/s
         part = f"{row_name(report, k)} reads {e['weight_bytes'] / 1e6:.0f} MB per token and reached {reached:.1f} GB/s"
-        if bw:
-            part += f" ({reached / bw:.0%} of it)"
+        if bw:  # MBU: the bytes the step needs per second, over the measured bandwidth (cache left out: ~1%)
+            part += f", an MBU of {mbu(e['weight_bytes'], r['median_tpot_ms'] / 1e3, bw * 1e9):.0%}"
         parts.append(part)
-    text = ("For one user each decode step reads every weight once, so the bytes per token set a floor: "
-            + (f"at the measured {bw:.1f} GB/s, " if bw else "") + "; ".join(parts) + ".")
+    text = ("For one user each decode step reads every weight once, so the bytes per token set a floor"
+            + (f" at the measured {bw:.1f} GB/s, and MBU is the share of it a row used: " if bw else ": ")
+            + "; ".join(parts) + ".")
     fewest, fastest = rows[0][0], min(rows, key=lambda x: x[2]["median_tpot_ms"])[0]
     if fewest == fastest:
         text += f" The fewest bytes won: {row_name(report, fastest)} has the shortest step."
@@ -312,6 +323,39 @@ def bytes_sentence(report: dict) -> str:
                  f"{row_name(report, fastest)}, the shortest step. The bytes set what is possible; the "
                  "kernel decides how much of it a format gets.")
     return text
+
+
+def _parameters(report: dict) -> float | None:
+    """The served model's parameter count, from an fp32 or bf16 row's weight bytes."""
+    for e in report["engines"].values():
+        width = {"fp32": 4, "bf16": 2}.get(e.get("format"))
+        if width and e.get("weight_bytes"):
+            return e["weight_bytes"] / width
+    return None
+
+
+def mfu_sentence(report: dict) -> str:
+    """For one user: MFU of the fp32 and bf16 rows (2 FLOPs per parameter per token over the
+    step time, against the run's measured peak in that format), or why it is not computed."""
+    params, c = _parameters(report), min(concurrencies(report) or [0])
+    rows = [(k, e, report["runs"][k][c]) for k, e in report["engines"].items() if c in report["runs"].get(k, {})]
+    if c != 1 or not params or not rows:
+        return ""
+    flops = 2 * params  # per token: one multiply-add per weight (attention's few left out)
+    peaks = report["meta"].get("peak_gflops") or {}
+    shares = [(k, mfu(flops, r["median_tpot_ms"] / 1e3, peaks[e["format"]] * 1e9))
+              for k, e, r in rows if peaks.get(e.get("format"))]
+    head = f"Each token needs about {flops / 1e6:.0f} MFLOP (2 per parameter)"
+    if shares:
+        text = (f"{head}, so one user's MFU, against the measured peak of a matrix product in the row's format, "
+                "is: " + "; ".join(f"{row_name(report, k)} {share:.1%}" for k, share in shares) + ".")
+        if max(share for _, share in shares) < 0.1:
+            text += " Decode for one user waits for bytes, not arithmetic."
+        return text
+    k, e, r = min(rows, key=lambda x: x[2]["median_tpot_ms"])
+    return (f"{head}: at the shortest step ({row_name(report, k)}) that is "
+            f"{flops / r['median_tpot_ms'] / 1e6:.1f} GFLOP/s. This run did not measure the CPU's peak FLOP/s, so "
+            "its MFU is not computed here (lab 4 measures your machine's peak).")
 
 
 def bf16_sentence(report: dict) -> str:
@@ -388,7 +432,8 @@ def tokens_sentence(report: dict) -> str:
 def explain(report: dict) -> str:
     """The computed paragraphs: winners per concurrency, then why (bytes, BF16 units, load)."""
     parts = [winners(report, c) for c in concurrencies(report)]
-    parts += [bytes_sentence(report), bf16_sentence(report), load_sentence(report), tokens_sentence(report)]
+    parts += [bytes_sentence(report), mfu_sentence(report), bf16_sentence(report), load_sentence(report),
+              tokens_sentence(report)]
     return "\n\n".join(p for p in parts if p)
 
 

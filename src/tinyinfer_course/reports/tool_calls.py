@@ -29,20 +29,35 @@ SYSTEM = {"role": "system", "content": (
     'To call one, reply with only <tool_call>{"name": ..., "arguments": {...}}</tool_call>.')}
 QUESTIONS = ["What is the weather in Paris?", "What time is it in Tokyo?", "What is 17 plus 25?",
              "Is it snowing in Oslo?", "Add 3 and 4.", "What's the time in Lima right now?"]
+RIGHT_TOOLS = ["get_weather", "get_time", "add", "get_weather", "add", "get_time"]  # one per question
+TOOL_ARGUMENTS = {"get_weather": {"city"}, "get_time": {"city"}, "add": {"a", "b"}}  # as SYSTEM names them
 MAX_TOKENS = 48
+
+
+def is_right_call(reply: str, tool: str) -> bool:
+    """The reply calls `tool` with exactly that tool's argument names. The values are
+    not judged: parsing says the form is right, this says the choice of tool and names is."""
+    call = parse_tool_call(reply)
+    return call is not None and call.name == tool and set(call.arguments) == TOOL_ARGUMENTS[tool]
+
+
+def count_right(replies: list[str]) -> int:
+    """How many replies, one per question in QUESTIONS, call the question's tool with its own argument names."""
+    return sum(is_right_call(r, tool) for r, tool in zip(replies, RIGHT_TOOLS, strict=True))
 
 
 def count_parsed(llm) -> dict:
     """{"free": {...}, "constrained": {...}}, each with how many of the replies
-    parse, out of how many, and the replies themselves. One batch per condition."""
+    parse, how many are the right call (count_right), out of how many, and the
+    replies themselves. One batch per condition."""
     chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS]
     grammar = StructuredOutputsParams(grammar=tool_call_grammar(TOOL_NAMES))
     result = {}
     for label, so in (("free", None), ("constrained", grammar)):
         outs = llm.chat(chats, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured_outputs=so))
         replies = [o.outputs[0].text for o in outs]
-        result[label] = {"parsed": sum(parse_tool_call(r) is not None for r in replies), "total": len(replies),
-                         "replies": replies}
+        result[label] = {"parsed": sum(parse_tool_call(r) is not None for r in replies),
+                         "right": count_right(replies), "total": len(replies), "replies": replies}
     return result
 
 
@@ -79,7 +94,7 @@ def main(argv=None) -> None:
                        "model": "smollm2-135m-instruct", "dtype": str(llm.dtype).removeprefix("torch."),
                        "max_tokens": MAX_TOKENS, "engine_stamp": REPORT.stamp()}, "counts": counts}
     for label, c in counts.items():
-        print(f"{label}: {c['parsed']} of {c['total']} parse")
+        print(f"{label}: {c['parsed']} of {c['total']} parse, {c['right']} are the right call")
         for r in c["replies"]:
             print("   ", repr(r))
     if args.save:

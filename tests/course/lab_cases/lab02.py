@@ -39,6 +39,32 @@ def _rope_by_complex_numbers(x, positions, theta):
     return torch.cat([turned.real, turned.imag], dim=-1).to(x.dtype)
 
 
+def _rope_in_place(x, positions, theta):
+    # The right numbers, written back into x: the caller's q or k is rotated too.
+    a = _angles(positions, x.shape[-1], theta)
+    d = x.shape[-1] // 2
+    first, second = x[..., :d] * a.cos() - x[..., d:] * a.sin(), x[..., :d] * a.sin() + x[..., d:] * a.cos()
+    x[..., :d], x[..., d:] = first, second
+    return x
+
+
+def _rope_in_place_mul(x, positions, theta):
+    # x.mul_(cos).add_(...): in-place arithmetic, the old x kept only in a copy of one half
+    a = torch.cat([_angles(positions, x.shape[-1], theta)] * 2, dim=-1)
+    d = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., d:], x[..., :d]], dim=-1)
+    return x.mul_(a.cos()).add_(rotated * a.sin())
+
+
+def _rope_float64(x, positions, theta):
+    # Angles in float64 "for precision": the result is float64, which the model's float32 layers refuse.
+    d = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, dtype=torch.float64) * 2 / x.shape[-1])
+    a = positions.double()[:, None] * inv_freq[None, :]
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], dim=-1)
+
+
 def _rope_interleaved(x, positions, theta):
     # GPT-J / original-paper layout: pairs (0, 1), (2, 3), ... instead of (i, i + D/2).
     a = _angles(positions, x.shape[-1], theta)
@@ -127,6 +153,29 @@ def _tiled(q, k, v, tile, *, rescale=True, subtract_max=True, last_tile=True, ca
     return acc / l
 
 
+def _tiled_whole_mask(q, k, v, tile, *, build="triu"):
+    """Right numbers, one tile of scores at a time, but the causal mask made once for
+    all keys and sliced per tile: a [Tq, Tk] tensor of one byte per score (issue 56)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    Tq, Tk = q.shape[2], k.shape[2]
+    if build == "triu":
+        hidden = torch.ones(Tq, Tk, dtype=torch.bool).triu(Tk - Tq + 1)
+    elif build == "compare":
+        hidden = torch.arange(Tk)[None, :] > torch.arange(Tk - Tq, Tk)[:, None]
+    else:  # "uint8": a 0/1 table of the visible keys, in bytes
+        hidden = 1 - torch.ones(Tq, Tk, dtype=torch.uint8).tril(Tk - Tq)
+    m = torch.full((*q.shape[:-1], 1), float("-inf"))
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for start in range(0, Tk, tile):
+        scores = q @ k[:, :, start : start + tile].transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(hidden[:, start : start + tile].bool(), float("-inf"))
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p, scale = (scores - m_new).exp(), (m - m_new).exp()
+        l, acc, m = l * scale + p.sum(-1, keepdim=True), acc * scale + p @ v[:, :, start : start + tile], m_new
+    return acc / l
+
+
 def _tiled_running_max(q, k, v, tile, *, start="-inf", which="row", before_mask=False):
     """Online softmax with the running maximum handled one wrong way at a time
     (none with the defaults). Each is exact in real arithmetic and right on
@@ -175,6 +224,9 @@ WRONG = {
         lambda x, p, theta: _rope(x, p, theta, exponent=1.0),  # theta ** (-i/D): the slow pairs spin too fast
         lambda x, p, theta: _rope(x, p, theta, sign=-1.0),  # rotates by -angle
         lambda x, p, theta: _rope(x, torch.arange(x.shape[2]), theta),  # 0..T-1 whatever the positions
+        _rope_in_place,  # issue 56: the input rotated in place
+        _rope_in_place_mul,
+        _rope_float64,  # issue 56: a float64 result for a float32 x
     ],
     "check_causal_gqa_attention": [
         lambda q, k, v: _attention(q, k, v, causal=False),  # sees the future
@@ -198,6 +250,10 @@ WRONG["check_tiled_attention"] = [
     lambda q, k, v, t: _tiled_running_max(q, k, v, t, which="all"),  # one max per tile for every head and row
     lambda q, k, v, t: _tiled_running_max(q, k, v, t, which="tile"),  # the tile's max: exp(old - new) overflows
     lambda q, k, v, t: _tiled_running_max(q, k, v, t, before_mask=True),  # a hidden future key sets the max
+    # The whole [Tq, Tk] causal mask made once, then sliced per tile (issue 56): one byte per score.
+    _tiled_whole_mask,
+    lambda q, k, v, t: _tiled_whole_mask(q, k, v, t, build="compare"),
+    lambda q, k, v, t: _tiled_whole_mask(q, k, v, t, build="uint8"),
 ]
 REFERENCE = {
     "check_rope": lambda: _rope_by_complex_numbers,

@@ -189,6 +189,23 @@ def _sample_returns_tensor(logits, t, generator):
     return torch.multinomial((logits / t).softmax(-1), 1, generator=generator)
 
 
+def _sample_divides_in_place(logits, t, generator):
+    # the right draws, but `logits /= t` overwrites the caller's row (issue 56)
+    if t == 0:
+        return int(torch.argmax(logits))
+    logits /= t
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+
+
+def _sample_shifts_in_place(logits, t, generator):
+    # subtracts the largest score in place before exp: safe numbers, a changed row
+    if t == 0:
+        return int(torch.argmax(logits))
+    logits.sub_(logits.max())
+    e = (logits / t).exp()
+    return int(torch.multinomial(e / e.sum(), 1, generator=generator))
+
+
 WRONG = {
     "check_min_p": [_min_p_absolute, _min_p_on_logits, _min_p_strict, _min_p_returns_probs, _min_p_in_place,
                     _min_p_zero_not_inf],
@@ -198,7 +215,7 @@ WRONG = {
     "check_sample": [_sample_argmax, _sample_ignores_temperature, _sample_multiplies_temperature,
                      _sample_global_rng, _sample_uniform, _sample_exp_without_max,
                      lambda x, t, g: _sample_exp_without_max(x, t, g, torch.float64), _sample_math_exp,
-                     _sample_returns_tensor],
+                     _sample_returns_tensor, _sample_divides_in_place, _sample_shifts_in_place],
 }
 
 

@@ -18,12 +18,13 @@ from tinyinfer.sampling import SamplingParams
 
 def _loop(model, prompt_ids, max_tokens, sample, stop_ids=(), cache_class=None, *, position_shift=0,
           include_stop=True, honour_stops=True, extra_token=False, fresh_cache_each_step=False, row=-1,
-          recompute=False, grad=False):
+          recompute=False, grad=False, cache_dtype=None):
     """One loop, with one of several realistic mistakes switched on."""
     cache_class = cache_class or KVCache
     w = model.model.embed_tokens.weight
     max_len = len(prompt_ids) + max_tokens + 2
-    cache = cache_class(model.config, 1, max_len, w.dtype, w.device)
+    dtype = {None: w.dtype, "float32": torch.float32, "default": torch.get_default_dtype()}[cache_dtype]
+    cache = cache_class(model.config, 1, max_len, dtype, w.device)
     ids, positions = torch.tensor([prompt_ids]), torch.arange(len(prompt_ids))[None]
     out = []
     with torch.inference_mode(not grad):  # grad: autograd records every pass, for a backward nobody takes
@@ -134,6 +135,9 @@ WRONG = {
         lambda *a: _loop(*a, row=0),  # predicts from the first position, not the last
         lambda *a: _loop(*a, recompute=True),  # right tokens, but the whole sequence again each step
         lambda *a: _loop(*a, grad=True),  # right tokens and passes, without torch.inference_mode()
+        # Issue 56: the cache in float32 whatever the weights: right on the fp32 model, refused on a bf16 one.
+        lambda *a: _loop(*a, cache_dtype="float32"),
+        lambda *a: _loop(*a, cache_dtype="default"),  # torch.get_default_dtype()
     ],
     "check_time_step": [
         lambda s, d="cpu", r=3: _harness(s, d, r, pick=statistics.mean),  # the mean: noise included

@@ -86,6 +86,8 @@ class _Cache:
 
     def __init__(self, config, batch_size, max_len, dtype, device):
         L, Hkv, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        if self.mistake in ("float32_slabs", "float32_cast"):  # issue 56: float32 whatever dtype it is given
+            dtype = torch.float32
         self.k = torch.zeros(L, batch_size, Hkv, max_len, D, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.max_len = max_len
@@ -119,6 +121,8 @@ class _Cache:
             keys, values = kc, vc
         if self.mistake == "new_only":  # no past: as if there were no cache
             keys, values = k.transpose(1, 2), v.transpose(1, 2)
+        if self.mistake == "float32_cast":  # cast back for attention: right numbers, twice the bytes in bf16
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         out = self.attention(q.transpose(1, 2), keys, values)
         if self.mistake == "heads_tangled":  # [B, H, T, D] flattened without moving T forward first
             return out.reshape(B, T, -1)
@@ -171,7 +175,7 @@ WRONG = {
                               _off_by_one, _swaps_k_and_v, _values_are_keys],
     "check_kv_cache": [_cache_with(m) for m in ("no_bound_check", "visible_is_count", "one_layer", "start_at_zero",
                                                 "whole_slab", "new_only", "heads_tangled", "last_slot_refused",
-                                                "count_checked", "last_position")],
+                                                "count_checked", "last_position", "float32_slabs", "float32_cast")],
 }
 REFERENCE = {
     "check_update_kv_cache": lambda: _update_by_index_copy,

@@ -80,6 +80,15 @@ def _max_abs_error(w, method, group_size):
     return float((_round_trip(w, method, group_size) - w).abs().max())
 
 
+def _mean_abs_error(w, method, group_size):
+    return float((_round_trip(w, method, group_size) - w).abs().mean())  # L1: ranks some formats differently
+
+
+def _mean_row_error(w, method, group_size):
+    err = (_round_trip(w, method, group_size) - w).norm(dim=1) / w.norm(dim=1)
+    return float(err.mean())  # each row's relative error, averaged: small rows weigh as much as large ones
+
+
 def _bits(w, method, group_size, scale_bytes=None, groups=None):
     """Bits per weight of the stored format: codes + metadata, by formula."""
     rows, cols = w.shape
@@ -133,6 +142,8 @@ WRONG = {
         _chooser(tie="bytes, then last"),  # fewer bytes right, but equal bytes too go to the later candidate
         _chooser(when_none=lambda scored: min(scored, key=lambda s: s[1])[3]),  # over budget: the cheapest anyway
         _chooser(error=_max_abs_error),  # the largest single error, not the relative error over the matrix
+        _chooser(error=_mean_abs_error),  # issue 56: mean |error| (L1), not the relative L2 error the lab defines
+        _chooser(error=_mean_row_error),  # the mean of the rows' relative errors
         _choose_by_rule(max),  # "more bits, less error"
         _choose_by_rule(min),  # "the smallest format that fits"
     ],

@@ -3,6 +3,7 @@ reject, and the reference each must accept, and the course answers each must ref
 tests/course/test_labs.py."""
 import hashlib
 import math
+import random
 
 import numpy as np
 
@@ -68,6 +69,155 @@ class _StickyToTheBusiest:
         pick = by_id.get(self.home.get(request.session_id)) or max(replicas, key=lambda r: (r.outstanding, r.id))
         self.home[request.session_id] = pick.id
         return pick
+
+
+# --- routers that break a rule of the simulator's API: memory shared between
+# --- routers, unseeded randomness, replicas outside the healthy list, list
+# --- positions for ids, a fleet of 8 written in
+
+
+def _bounded(home_id, replicas, slack=2):
+    """Bounded-load affinity done right: the session's replica, unless it is gone or
+    has more than `slack` requests beyond the idlest."""
+    fewest = min(replicas, key=lambda r: (r.outstanding, r.id))
+    home = next((r for r in replicas if r.id == home_id), None)
+    return fewest if home is None or home.outstanding > fewest.outstanding + slack else home
+
+
+class _MemoryInAClassAttribute:
+    home = {}  # one dict for every router the check makes
+
+    def choose(self, request, replicas):
+        pick = _bounded(self.home.get(request.session_id), replicas)
+        self.home[request.session_id] = pick.id
+        return pick
+
+
+class _MemoryInADefaultArgument:
+    def __init__(self, home={}):  # noqa: B006 (the default is made once, and shared)
+        self.home = home
+
+    def choose(self, request, replicas):
+        pick = _bounded(self.home.get(request.session_id), replicas)
+        self.home[request.session_id] = pick.id
+        return pick
+
+
+_HOMES = {}
+
+
+class _MemoryInAModuleGlobal:
+    def choose(self, request, replicas):
+        pick = _bounded(_HOMES.get(request.session_id), replicas)
+        _HOMES[request.session_id] = pick.id
+        return pick
+
+
+class _UnseededRandomTieBreak:
+    # ties among the idlest broken with the global, unseeded `random`
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        fewest = min(r.outstanding for r in replicas)
+        home = next((r for r in replicas if r.id == self.home.get(request.session_id)), None)
+        if home is None or home.outstanding > fewest + 2:
+            home = random.choice([r for r in replicas if r.outstanding == fewest])
+        self.home[request.session_id] = home.id
+        return home
+
+
+class _UnseededNumpyFirstTurn:
+    # first turns by the power of two choices, drawn from numpy's global generator
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        home = next((r for r in replicas if r.id == self.home.get(request.session_id)), None)
+        fewest = min(r.outstanding for r in replicas)
+        if home is None or home.outstanding > fewest + 2:
+            a, b = np.random.choice(len(replicas), size=2, replace=len(replicas) < 2)
+            home = min(replicas[a], replicas[b], key=lambda r: r.outstanding)
+        self.home[request.session_id] = home.id
+        return home
+
+
+class _KeepsReplicaObjects:
+    # remembers the replica object itself, and returns it even when it left the healthy list
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        fewest = min(replicas, key=lambda r: (r.outstanding, r.id))
+        home = self.home.get(request.session_id)
+        if home is None or home.outstanding > fewest.outstanding + 2:
+            home = fewest
+        self.home[request.session_id] = home
+        return home
+
+
+class _ReturnsTheId:
+    # returns the replica's id, not the replica
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        pick = _bounded(self.home.get(request.session_id), replicas)
+        self.home[request.session_id] = pick.id
+        return pick.id
+
+
+class _RemembersListPositions:
+    # remembers where the replica was in the list, not its id
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        fewest = min(range(len(replicas)), key=lambda i: (replicas[i].outstanding, i))
+        i = self.home.get(request.session_id)
+        if i is None or i >= len(replicas) or replicas[i].outstanding > replicas[fewest].outstanding + 2:
+            i = fewest
+        self.home[request.session_id] = i
+        return replicas[i]
+
+
+class _IdAsListIndex:
+    # remembers the id, then looks it up as a position in the list
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        fewest = min(replicas, key=lambda r: (r.outstanding, r.id))
+        rid = self.home.get(request.session_id)
+        home = replicas[rid % len(replicas)] if rid is not None else fewest
+        if home.outstanding > fewest.outstanding + 2:
+            home = fewest
+        self.home[request.session_id] = home.id
+        return home
+
+
+class _EightReplicasWrittenIn:
+    # a session's home by hashing into 8 slots
+    def choose(self, request, replicas):
+        fewest = min(replicas, key=lambda r: (r.outstanding, r.id))
+        home = replicas[request.session_id % 8]
+        return home if home.outstanding <= fewest.outstanding + 2 else fewest
+
+
+class _LoadTableOfEight:
+    # a load table with one row per replica id, 0 to 7
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        by_id = {r.id: r for r in replicas}
+        loads = [by_id[i].outstanding for i in range(8)]
+        fewest = min(range(8), key=lambda i: (loads[i], i))
+        rid = self.home.get(request.session_id)
+        if rid is None or loads[rid] > loads[fewest] + 2:
+            rid = fewest
+        self.home[request.session_id] = rid
+        return by_id[rid]
 
 
 def _slo_met(r, slos):
@@ -145,7 +295,10 @@ def _p95_of_ttft(records, slos, duration):
 
 WRONG = {
     "check_session_router": [_RoundRobin, _OneRandom, _LeastOutstandingOnly, _SystemPromptAffinityOnly,
-                             _AffinityByRequestId, _StickyToTheBusiest],
+                             _AffinityByRequestId, _StickyToTheBusiest,
+                             _MemoryInAClassAttribute, _MemoryInADefaultArgument, _MemoryInAModuleGlobal,
+                             _UnseededRandomTieBreak, _UnseededNumpyFirstTurn, _KeepsReplicaObjects, _ReturnsTheId,
+                             _RemembersListPositions, _IdAsListIndex, _EightReplicasWrittenIn, _LoadTableOfEight],
     "check_p95_and_goodput": [_nearest_rank_p95, _p95_in_seconds, _slos_compared_in_seconds, _goodput_per_request,
                               _any_slo_is_enough, _one_token_misses_tpot, _strict_less_than, _p95_of_ttft,
                               _p95_over("failed as 0"), _p95_over("with a tpot"), _p95_over("good")],
@@ -164,6 +317,38 @@ class _BoundedSessionHash:
         mean = sum(r.outstanding for r in replicas) / len(replicas)
         ranked = sorted(replicas, key=lambda r: hashlib.sha256(f"{request.session_id}:{r.id}".encode()).digest())
         return next((r for r in ranked if r.outstanding <= mean + 1), ranked[0])
+
+
+class _IdlestWithAffinityTieBreak:
+    """The hint's first design: the least loaded replica, the session's own among equals."""
+
+    def __init__(self):
+        self.home = {}
+
+    def choose(self, request, replicas):
+        fewest = min(r.outstanding for r in replicas)
+        idlest = sorted((r for r in replicas if r.outstanding == fewest), key=lambda r: r.id)
+        pick = next((r for r in idlest if r.id == self.home.get(request.session_id)), idlest[0])
+        self.home[request.session_id] = pick.id
+        return pick
+
+
+class _BoundedByRatioSeededTies:
+    """Another bound: stay unless the session's replica has more than 1.5 times the
+    mean load plus one; moves go to one of the idlest, drawn with a seeded generator."""
+
+    def __init__(self):
+        self.home, self.rng = {}, np.random.default_rng(56)
+
+    def choose(self, request, replicas):
+        mean = sum(r.outstanding for r in replicas) / len(replicas)
+        home = next((r for r in replicas if r.id == self.home.get(request.session_id)), None)
+        if home is None or home.outstanding > 1.5 * mean + 1:
+            fewest = min(r.outstanding for r in replicas)
+            idlest = sorted((r for r in replicas if r.outstanding == fewest), key=lambda r: r.id)
+            home = idlest[int(self.rng.integers(len(idlest)))]
+        self.home[request.session_id] = home.id
+        return home
 
 
 def _percentile(values, q):
@@ -192,6 +377,10 @@ def _library(records, slos, duration):
 REFERENCE = {
     "check_session_router": lambda: _BoundedSessionHash,
     "check_p95_and_goodput": lambda: _p95_goodput,
+}
+# More correct ways, each unlike the course's answer; the check must accept every one.
+ALTERNATIVES = {
+    "check_session_router": [_BoundedSessionHash, _IdlestWithAffinityTieBreak, _BoundedByRatioSeededTies],
 }
 ANSWERS = {
     "check_session_router": [labcheck.ReferenceSessionRouter],

@@ -87,7 +87,7 @@ def _arguments_none(text):
 
 def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_reply=True, copy=True,
           stop_after_tool=False, count_passes="model", unknown="message", on_error="message", last_prompt=False,
-          parse=None):
+          parse=None, catch=Exception, positional=False):
     """A configurable agent loop; each wrong implementation below changes one thing."""
     transcript = list(messages) if copy else messages
     r = AgentResult(None, transcript, 0, 0, 0, 0)
@@ -109,8 +109,9 @@ def _loop(generate, tools, messages, max_passes, *, tool_role="tool", append_rep
             content = f"error: unknown tool {call.name!r}"
         else:
             try:
-                content = str(tools[call.name](**call.arguments))
-            except Exception as e:
+                tool = tools[call.name]
+                content = str(tool(*call.arguments.values()) if positional else tool(**call.arguments))
+            except catch as e:
                 if on_error == "stop":
                     break
                 content = f"error: {e}" if on_error == "short" else f"error: {type(e).__name__}: {e}"
@@ -138,6 +139,11 @@ WRONG_AGENTS = [
     lambda g, t, m, n: _loop(g, t, m, n, parse=_needs_closing_tag),  # a regex up to </tool_call>
     lambda g, t, m, n: _loop(g, t, m, n, parse=_json_loads_everything),  # json.loads on the rest of the reply
     lambda g, t, m, n: _loop(g, t, m, n, parse=_no_validation),  # any JSON after the tag is a call
+    # Issue 56: only some exceptions caught, or the tool called with its arguments in order.
+    lambda g, t, m, n: _loop(g, t, m, n, catch=TypeError),  # the one error a missing argument raises
+    lambda g, t, m, n: _loop(g, t, m, n, catch=(TypeError, ValueError)),  # the errors the author thought of
+    lambda g, t, m, n: _loop(g, t, m, n, catch=(TypeError, ValueError, KeyError)),
+    lambda g, t, m, n: _loop(g, t, m, n, positional=True),  # tools[name](*arguments.values())
 ]
 
 # ------------------------------------------------------------ select_context
@@ -249,13 +255,20 @@ class _Trie:
     under the key None); each wrong one below changes one decision."""
     leaves_only = past_end = no_eos = empty_text = first_only = ignore_prefix = all_choices = False
     strict = overwrite = strip = eos_always = eos_only = False
+    lstrip = blank_special = zero_special = truthy_ids = strip_rest = False  # issue 56: spaces and token 0
 
     def __init__(self, vocab):
         self.root = {}
         for i, text in enumerate(vocab):
             if self.strip:
                 text = text.strip()
+            if self.lstrip:
+                text = text.lstrip()
             if not text and not self.empty_text:
+                continue
+            if self.blank_special and not text.strip():  # a token of spaces only taken for a special token
+                continue
+            if self.zero_special and not i:  # token 0 taken for the special token it is in many vocabularies
                 continue
             node = self.root
             for char in text:
@@ -268,6 +281,8 @@ class _Trie:
     def _ids(self, node):
         if self.leaves_only and any(k is not None for k in node):
             return []
+        if self.truthy_ids:  # filter(None, ids): drops id 0
+            return list(filter(None, node.get(None, [])))
         return node.get(None, [])
 
     def _subtree(self, node):
@@ -278,6 +293,8 @@ class _Trie:
         open_choices = [c for c in choices if self.all_choices or c.startswith(prefix)]
         for choice in open_choices[:1] if self.first_only else open_choices:
             rest = choice if self.ignore_prefix else choice[len(prefix):]
+            if self.strip_rest:
+                rest = rest.lstrip()
             node = self.root
             for n, char in enumerate(rest):
                 if char not in node:
@@ -366,6 +383,11 @@ WRONG_TRIES = [
     _wrong_trie("stops one character short: no token may finish a choice", strict=True),
     _wrong_trie("keeps one token per node: the last of two with the same text", overwrite=True),
     _wrong_trie("strips the texts' spaces: ' get' is filed as 'get'", strip=True),
+    _wrong_trie("strips only the leading spaces: ' Paris' is filed as 'Paris', ' ' not at all", lstrip=True),
+    _wrong_trie("takes a token of spaces only for a special token, as it does an empty one", blank_special=True),
+    _wrong_trie("skips token 0, as if it were always the special end-of-sequence token", zero_special=True),
+    _wrong_trie("drops id 0 from a row with filter(None, ...)", truthy_ids=True),
+    _wrong_trie("strips the spaces at the start of what remains of a choice", strip_rest=True),
     _AList,  # a sorted list, not a set
     _Texts,  # the tokens' texts, not their ids
 ]

@@ -10,11 +10,17 @@ class _Cache:
 
     cap, pin, share_refs, set_tokens, hit = True, True, True, True, True
     refs_before_cap, pin_every_call, refile = False, False, False  # reference leaks
+    table_first, count_first = False, False  # issue 56: the allocator written before knowing there is a hit
+    early = None  # issue 56: files blocks whose tokens are not all computed yet ("table", "ceil")
 
     def __init__(self, block_size, prefix_hashes):
         self.block_size, self.prefix_hashes, self.filed = block_size, prefix_hashes, {}
 
     def lookup(self, req, allocator):
+        if self.table_first:  # starts the table, then fills it: a miss leaves an empty one behind
+            allocator.block_tables.setdefault(req.seq_id, [])
+        if self.count_first:  # the tokens the table holds, set before the hashes are looked up
+            allocator.num_tokens[req.seq_id] = 0
         blocks = []
         for h in self.prefix_hashes(req.prompt_ids, self.block_size):
             if h not in self.filed:
@@ -41,7 +47,12 @@ class _Cache:
     def insert(self, req, allocator, num_computed):
         hashes = self.prefix_hashes(req.prompt_ids, self.block_size)
         table = allocator.block_tables[req.seq_id]
-        for i in range(min(num_computed, len(req.prompt_ids)) // self.block_size):
+        full = min(num_computed, len(req.prompt_ids)) // self.block_size
+        if self.early == "table":  # every block of the table that has a prompt hash, computed or not
+            full = min(len(hashes), len(table))
+        elif self.early == "ceil":  # a partly computed block counted as full
+            full = min(len(hashes), -(-min(num_computed, len(req.prompt_ids)) // self.block_size))
+        for i in range(full):
             if self.pin_every_call and self.filed.get(hashes[i]) == table[i]:
                 allocator.ref_count[table[i]] += 1  # pinned again at every step that computes more of the prompt
             if self.refile and self.filed.get(hashes[i]) == table[i] and (req.seq_id, i) not in self.filed:
@@ -82,6 +93,11 @@ WRONG = {
         _with(refs_before_cap=True),  # counts a user on the blocks the cap then drops
         _with(pin_every_call=True),  # pins a filed block again at every step of its request
         _with(refile=True),  # files again, and pins, each shared block a request was handed: a pin per reuse
+        # Issue 56: a miss must change nothing; these write to the allocator before they know there is a hit.
+        _with(table_first=True),  # an empty block table on a miss
+        _with(count_first=True),  # num_tokens = 0 on a miss
+        _with(early="table"),  # files every block of the table, the last one half computed
+        _with(early="ceil"),  # counts a partly computed block as full
     ],
 }
 REFERENCE = {"check_prefix_cache": lambda: _Cache}
