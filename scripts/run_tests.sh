@@ -36,7 +36,8 @@ echo "== 2/3 the engine's tests"
 # is still running; the rest start when the background is done. Run on one core
 # after the background, step 3 left the other idle for 5 to 6 minutes; run as two
 # processes beside the background, it was slower still (5 processes on 2 cores).
-FIRST=(tests/course/test_speculative.py tests/course/test_gpu_check.py tests/course/test_fleet_live.py)
+FIRST=(tests/course/test_speculative.py tests/course/test_gpu_check.py tests/course/test_peers.py
+       tests/course/test_fleet_live.py)
 rest=()
 for f in tests/course/test_*.py tests/book/test_*.py; do
     [[ " ${FIRST[*]} " == *" $f "* ]] || rest+=("$f")
