@@ -8,6 +8,7 @@
 #   make lab     JupyterLab on labs/
 #   make labs    regenerate labs/ from solutions/
 #   make record  re-execute every solution, in order, on this engine (then make labs); idle machine!
+#   make assignments  every lab as an otter-grader assignment, for instructors, into _build/assignments/
 #   make test-portable  the strict notebooks under another CPU's kernels (AVX2, then none)
 #   make peers   tinyinfer beside llama.cpp and vLLM CPU on this machine (sets both up once, outside the repo)
 #   make fleet   two replicas behind vLLM's router, three policies, beside the simulator; then
@@ -41,7 +42,7 @@ QUIET := 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: book vendor test test-engine lint test-portable lab labs record peers fleet gpu-check clean
+.PHONY: book vendor test test-engine lint test-portable lab labs record assignments peers fleet gpu-check clean
 
 # set-up: the stamp is rebuilt when pyproject.toml changes.
 #  1. create the venv if it is missing;
@@ -122,6 +123,14 @@ lab: $(STAMP)
 
 labs: $(STAMP)
 	$(PY) scripts/make_labs.py
+
+# For instructors: each lab as an otter-grader assignment (scripts/make_assignments.py
+# says how a lab maps onto one): per lab, a student notebook whose tests run the public
+# half of each check's cases, and an autograder zip that also runs the hidden half.
+# `otter run -a <zip> <notebook>` grades one submission here, without Docker.
+# About 8 s a lab (otter assign does not execute the notebooks).
+assignments: $(STAMP)
+	$(PY) scripts/make_assignments.py --out _build/assignments
 
 # The strict notebooks (solutions/, every stored output compared) under two other
 # CPUs' kernels, emulated on this one: an AVX2 laptop without AVX-512, then no

@@ -37,7 +37,7 @@ echo "== 2/3 the engine's tests"
 # after the background, step 3 left the other idle for 5 to 6 minutes; run as two
 # processes beside the background, it was slower still (5 processes on 2 cores).
 FIRST=(tests/course/test_speculative.py tests/course/test_gpu_check.py tests/course/test_peers.py
-       tests/course/test_fleet_live.py)
+       tests/course/test_assignments.py)
 rest=()
 for f in tests/course/test_*.py tests/book/test_*.py; do
     [[ " ${FIRST[*]} " == *" $f "* ]] || rest+=("$f")
@@ -45,8 +45,9 @@ done
 first_log=$(mktemp -t tinyinfer-step3-first-XXXXXX.log)
 echo "== 3/3 the course's and the book's tests: ${#FIRST[@]} files start now (log: $first_log), the other ${#rest[@]} when the background is done"
 # set -m, as for the background: a job started without it begins with SIGINT ignored,
-# Python then leaves it ignored, and the `tinyinfer fleet` the tests stop with a Ctrl-C
-# (SIGINT) never stopped.
+# and Python then leaves it ignored in every process it starts (a `tinyinfer fleet`
+# that a test stops with a Ctrl-C never stopped; test_fleet_live now runs with the
+# rest, in the foreground, and gives its child SIGINT's default itself).
 set -m
 "$PY" -m pytest "${FIRST[@]}" -m "not notebooks and not book" "${ARGS[@]}" >"$first_log" 2>&1 &
 first=$!

@@ -272,3 +272,34 @@ def test_site_loads_nothing_from_the_internet(built: Path) -> None:
             scripts = [url for tag, _, url in fetched_urls(page) if tag == "script"]
             for name in ("js/require.js", "js/html-manager/embed-amd.js"):
                 assert any(name in url for url in scripts), f"{page.relative_to(built)} has widgets but no {name}"
+
+
+@pytest.mark.book
+def test_chapters_are_numbered_as_the_text_cites_them(built: Path) -> None:
+    """The text cites chapters by number ("chapter 4"): chapters/NN-*.html shows
+    "NN." before its title (numbered: 1 in _toc.yml) in the page and in the sidebar,
+    and the labs' pages carry no second number beside their "Lab N:"."""
+    chapters = [p for p in toc_files() if p.startswith("chapters/")]
+    assert chapters
+    sidebar = (built / "intro.html").read_text(encoding="utf-8")  # every page has the same sidebar
+    for page in chapters:
+        html = (built / f"{page}.html").read_text(encoding="utf-8")
+        number = int(Path(page).name.split("-")[0])
+        # (the first <h1> is the theme's plain copy of the title, for the header bar)
+        assert re.search(rf'<h1[^>]*><span class="section-number">{number}\. </span>', html), \
+            f"{page}: its title does not show {number}."
+        link = re.search(rf'<a class="reference internal" href="{page}\.html">(.*?)</a>', sidebar, re.S)
+        assert link and link.group(1).strip().startswith(f"{number}. "), f"{page}: the sidebar does not show {number}."
+    lab = (built / "solutions/01-tokens.html").read_text(encoding="utf-8")
+    assert not re.search(r'<h1[^>]*><span class="section-number">', lab), "a lab's title got a number"
+
+
+@pytest.mark.book
+def test_pages_load_the_course_stylesheet_and_contents_button(built: Path) -> None:
+    """_static/custom.css (the wide article and the contents drawer, issue 57) and
+    _static/contents-button.js reach every page: Jupyter Book 1 adds each file in
+    _static/ by itself, and only for a build of the whole book."""
+    for page in toc_files():
+        html = (built / f"{page}.html").read_text(encoding="utf-8")
+        for name in ("_static/custom.css", "_static/contents-button.js"):
+            assert name in html, f"{page}.html does not load {name}"

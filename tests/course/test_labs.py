@@ -272,9 +272,6 @@ def test_check_fails_on_wrong_implementations(check, capsys):
 # A ✗ says why (issue 56 item 6). Its first line names the check and the case,
 # then come "expected ..." and "got ..."; a reason line is any other line of at
 # least three words: where the two differ, what was refused, what was raised.
-# These three checks' messages are other helpers' work in issue 56; remove a
-# name once its check passes.
-REASON_PENDING = {"check_allowed_tokens"}
 # Checks whose "expected" and "got" lines are themselves sentences that say what differs
 # (a chi-square against its bound; calls counted and the fastest one's time).
 REASON_IN_EXPECTED_AND_GOT = {"check_sample", "check_time_step"}
@@ -288,9 +285,7 @@ def reason_lines(out: str) -> list[str]:
             if re.match(r"    \S", line) and not re.match(r"    (expected|got)\b", line) and len(line.split()) >= 3]
 
 
-@pytest.mark.parametrize("check", [pytest.param(c, marks=[pytest.mark.xfail(
-    c in REASON_PENDING, strict=False, reason="its message is another helper's work (issue 56 item 6)")])
-    for c in CHECKS])
+@pytest.mark.parametrize("check", CHECKS)
 def test_a_failing_check_says_why(check, capsys):
     """Each check, on the first of its wrong versions in tests/course/lab_cases."""
     assert getattr(labcheck, check)(WRONG[check][0]) is False

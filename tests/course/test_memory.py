@@ -245,3 +245,30 @@ def test_cli_reads_a_local_folder(capsys, tmp_path, llm):
 def test_cli_bad_input_is_a_clear_error(capsys, argv, field):
     rc, out, err = _cli(capsys, *argv)
     assert rc == 2 and out == "" and field in err and err.startswith("tinyinfer: error:")
+
+
+# ------------------------------------------------------------ state-space layers: a state that does not grow
+
+
+def test_mamba2_state_of_mamba2_2_7b():
+    # By hand, Mamba-2 2.7B (d_model 2560, defaults d_state 128, expand 2, head dim 64, 1 group, d_conv 4):
+    # d_inner 5,120, 80 heads; SSM state 80 x 64 x 128 = 655,360; conv state 3 x (5,120 + 2 x 128) = 16,128;
+    # 671,488 numbers x 2 bytes = 1,342,976 bytes per layer.
+    assert memory.mamba2_state_bytes(2560) == 1_342_976
+    assert memory.mamba2_state_bytes(2560, bytes_per_value=4) == 2 * 1_342_976
+
+
+def test_mamba1_layer_is_zero_groups():
+    # Jamba's Mamba-1 layer (d_model 4096, d_state 16, expand 2): 8,192 x 16 + 3 x 8,192 = 155,648 numbers.
+    assert memory.mamba2_state_bytes(4096, d_state=16, n_groups=0, bytes_per_value=1) == 155_648
+
+
+def test_mamba2_state_does_not_depend_on_head_split():
+    # The state is d_inner x d_state numbers however d_inner is cut into heads.
+    assert memory.mamba2_state_bytes(2560, head_dim=64) == memory.mamba2_state_bytes(2560, head_dim=128)
+
+
+@pytest.mark.parametrize("bad", [dict(d_model=0), dict(d_model=2560, head_dim=100), dict(d_model=2560, d_conv=0)])
+def test_mamba2_state_bad_input(bad):
+    with pytest.raises(ValueError):
+        memory.mamba2_state_bytes(**bad)

@@ -193,6 +193,32 @@ def mla_kv_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim:
     return num_layers * (rank + rope) * _number(bytes_per_value, "kv_bytes_per_value", 0, 8, low_open=True)
 
 
+def mamba2_state_bytes(d_model: int, d_state: int = 128, expand: int = 2, head_dim: int = 64, n_groups: int = 1,
+                       d_conv: int = 4, bytes_per_value: float = 2) -> float:
+    """Bytes one request holds in one Mamba-2 layer, whatever its context.
+
+    A state-space layer keeps no per-token cache: it folds every token into a
+    fixed state and forgets the token. Two things are kept:
+      - the SSM state: n_heads x head_dim x d_state numbers, where
+        d_inner = expand x d_model and n_heads = d_inner / head_dim;
+      - the short convolution's state: the last d_conv - 1 inputs of the
+        convolution, which sees x (d_inner numbers) and B and C
+        (n_groups x d_state each), so (d_conv - 1) x (d_inner + 2 n_groups d_state).
+    Defaults are Mamba-2's (mamba_ssm.modules.mamba2). n_groups=0 gives a
+    Mamba-1 layer, whose convolution sees x alone (Jamba's layers)."""
+    d_model = _number(d_model, "d_model", 1, 1_000_000, integer=True)
+    d_state = _number(d_state, "d_state", 1, 100_000, integer=True)
+    d_inner = _number(expand, "expand", 1, 64, integer=True) * d_model
+    head_dim = _number(head_dim, "head_dim", 1, d_inner, integer=True)
+    if d_inner % head_dim:
+        raise ValueError(f"head_dim must divide d_inner = expand x d_model = {d_inner}, got {head_dim}")
+    n_groups = _number(n_groups, "n_groups", 0, 10_000, integer=True)
+    d_conv = _number(d_conv, "d_conv", 1, 1_000, integer=True)
+    ssm = (d_inner // head_dim) * head_dim * d_state
+    conv = (d_conv - 1) * (d_inner + 2 * n_groups * d_state)
+    return (ssm + conv) * _number(bytes_per_value, "bytes_per_value", 0, 8, low_open=True)
+
+
 # ------------------------------------------------------------------ the estimate
 
 

@@ -25,6 +25,8 @@ learner wrote it:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,6 +35,35 @@ from . import my_engine
 from .watch import Watch
 
 MAX_SHOWN = 300  # characters of a value shown in a failure message
+# Which of a check's cases run: None (all), "public" or "hidden" (only_cases).
+_PART: contextvars.ContextVar[str | None] = contextvars.ContextVar("labcheck_cases", default=None)
+
+
+@contextlib.contextmanager
+def only_cases(part: str):
+    """Run every check inside on part of its cases: "public", the first half
+    (at least one), or "hidden", the rest (the last case, if there is one case).
+
+    For the instructors' export (scripts/make_assignments.py): an otter-grader
+    assignment grades the two halves as two tests, and the student copy holds
+    only the public one, so a student cannot tune a function to cases never
+    shown. The first cases are the small hand-made ones, the readable half.
+    A pass inside keeps nothing for later labs: only a full run does that."""
+    if part not in ("public", "hidden"):
+        raise ValueError(f"part must be 'public' or 'hidden', not {part!r}")
+    token = _PART.set(part)
+    try:
+        yield
+    finally:
+        _PART.reset(token)
+
+
+def _part_of(cases: list, part: str | None) -> list:
+    """The cases `part` runs: e.g. of 5, the first 2 are public, the last 3 hidden."""
+    if part is None:
+        return cases
+    half = len(cases) // 2
+    return cases[:max(1, half)] if part == "public" else cases[half:]
 
 
 @dataclass
@@ -53,7 +84,7 @@ def run_check(name: str, fn: Callable, make_cases: Callable[[], list[Case]], sam
     first differ (the element, step, request or head), since "expected" and
     "got" often look alike on screen: both cut short, or equal in the digits shown."""
     try:
-        cases = make_cases()
+        cases = _part_of(make_cases(), _PART.get())
     except Exception as e:  # the course's fault, not the learner's; still never raise
         print(f"✗ {name}: could not build the test cases ({type(e).__name__}: {e})")
         return False
@@ -62,7 +93,7 @@ def run_check(name: str, fn: Callable, make_cases: Callable[[], list[Case]], sam
         print(failure)
         return False
     print(f"✓ {name}: {len(cases)} cases passed")
-    if keep is not None:
+    if keep is not None and _PART.get() is None:
         my_engine.keep(*keep)
     return True
 
