@@ -136,12 +136,12 @@ def master_notebook(path: Path) -> nbformat.NotebookNode:
     solved_pairs, lab_pairs = make_labs.exercise_pairs(solution, path.name), make_labs.exercise_pairs(lab, path.name)
     if len(solved_pairs) != len(lab_pairs) or not lab_pairs:
         raise ValueError(f"{len(solved_pairs)} exercises in the solution, {len(lab_pairs)} in the lab")
-    replace = {}
+    replace, names = {}, []
     for n, ((i, j), (li, lj)) in enumerate(zip(solved_pairs, lab_pairs)):
         if lj != li + 1:
             raise ValueError(f"exercise {n + 1}'s check is not the cell right after it")
-        replace[li] = question_cells(question_name(solution.cells[i].source, n), solution.cells[i],
-                                     solution.cells[j].source)
+        names.append(question_name(solution.cells[i].source, n))
+        replace[li] = question_cells(names[-1], solution.cells[i], solution.cells[j].source)
     cells = [raw(CONFIG.format(name=path.stem))]
     checks = {lj for _, lj in lab_pairs}
     for k, cell in enumerate(lab.cells):
@@ -150,7 +150,6 @@ def master_notebook(path: Path) -> nbformat.NotebookNode:
         elif k not in checks:
             cells.append(cell)
     master = nbformat.v4.new_notebook(cells=cells, metadata=lab.metadata)
-    names = [c.source.split("name: ")[1].split("\n")[0] for c in cells if c.source.startswith("# BEGIN QUESTION")]
     if len(set(names)) != len(names):
         raise ValueError(f"two exercises share a name: {names}")
     return master
