@@ -11,7 +11,9 @@ scripts/make_labs.py):
 - the notebook is the lab as make_labs.make_lab writes it (predictions and
   quiz answers blanked, the Colab cell), with each exercise cell put back as
   the solution's, whose `# BEGIN SOLUTION` / `# END SOLUTION` markers are
-  otter's too: the student copy gets `...` in their place;
+  otter's too. Each block gets the lab's stub as otter's prompt
+  (`with_lab_prompt`), so the student copy shows what the lab shows
+  (`# YOUR CODE HERE` and a `raise NotImplementedError`), not otter's bare `...`;
 - each exercise and its check cell become one otter question of 2 points,
   named after the exercise's function, with two tests that run the lab's own
   check call (`labcheck.check_*(...)`): a public test on the first half of the
@@ -111,6 +113,22 @@ def question_name(exercise_source: str, n: int) -> str:
     return f"q{n + 1}"
 
 
+def with_lab_prompt(source: str) -> str:
+    """An exercise cell for otter: before each solution block, the lab's stub as a
+    prompt. Otter drops the lines that end in `# BEGIN PROMPT` / `# END PROMPT` and
+    the `NO PROMPT` block from the student copy and keeps what lies between; in
+    the autograder's copy the prompt is a string literal, which does nothing."""
+    lines, out = source.splitlines(), []
+    for n, line in enumerate(lines):
+        if line.strip() == make_labs.BEGIN:
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [f'{indent}""" # BEGIN PROMPT', *make_labs.stub_lines(lines[:n], indent),
+                    f'{indent}""" # END PROMPT', f"{indent}{make_labs.BEGIN} NO PROMPT"]
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
 def raw(source: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_raw_cell(source)
 
@@ -119,7 +137,7 @@ def question_cells(name: str, exercise: nbformat.NotebookNode, check_source: str
     """An otter question: the solution's exercise cell, a public and a hidden test,
     then the check cell on public cases (so the name it assigns still exists)."""
     target, call = check_call(check_source)
-    solution = nbformat.v4.new_code_cell(exercise.source)
+    solution = nbformat.v4.new_code_cell(with_lab_prompt(exercise.source))
     tests = [nbformat.v4.new_code_cell(TEST.format(hidden=hidden, part=part, call=call))
              for part, hidden in (("public", "false"), ("hidden", "true"))]
     line = f"{target} = {call}" if target else call

@@ -284,6 +284,12 @@ def engine_only_problems(nb) -> list[str]:
     return problems
 
 
+def stub_lines(lines_before: list[str], indent: str) -> list[str]:
+    """What a lab shows in place of one solution block at `indent`, which follows lines_before."""
+    task = _enclosing_function(lines_before, indent)
+    return [f"{indent}# YOUR CODE HERE", f'{indent}raise NotImplementedError("Exercise: {task}")']
+
+
 def stub_source(source: str, where: str) -> str:
     """Replace every BEGIN/END SOLUTION block with a stub that raises."""
     lines, out, inside = source.splitlines(), [], False
@@ -294,8 +300,7 @@ def stub_source(source: str, where: str) -> str:
                 raise ValueError(f"{where}: {BEGIN} inside another solution block")
             inside = True
             indent = line[: len(line) - len(line.lstrip())]
-            task = _enclosing_function(lines[:n], indent)
-            out += [f"{indent}# YOUR CODE HERE", f'{indent}raise NotImplementedError("Exercise: {task}")']
+            out += stub_lines(lines[:n], indent)
         elif marker == END:
             if not inside:
                 raise ValueError(f"{where}: {END} without {BEGIN}")

@@ -14,6 +14,7 @@ import yaml
 matplotlib.use("Agg")
 
 from tinyinfer_course import schematics  # noqa: E402
+from tinyinfer_course.notebook.figures import BOOK_STYLE, MIN_FONT_PT, MIN_SHOWN_PX, smallest_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "intro.md", *sorted((ROOT / "chapters").glob("*.md"))]
@@ -36,6 +37,56 @@ def test_each_schematic_draws_and_explains_itself(name):
         assert len(ax.patches) + len(ax.texts) >= 3, f"{name} drew almost nothing"
     finally:
         plt.close(fig)
+
+
+def legibility_problem(fig) -> str | None:
+    """Why a drawing's smallest text is too small to read on the site, or None.
+    The site shows an image at its own size up to the 960-px column and shrinks a
+    wider one to fit; the book draws at 100 dpi, so 9 pt is 12.5 px when not shrunk."""
+    pt, width, px = smallest_text(fig)
+    if pt < MIN_FONT_PT or px < MIN_SHOWN_PX:
+        return (f"smallest text {pt:g} pt, shown {px:.1f} px high in an image {width} px wide "
+                f"(at least {MIN_FONT_PT} pt and {MIN_SHOWN_PX} px)")
+    return None
+
+
+@pytest.mark.parametrize("name", DRAWINGS)
+def test_each_schematic_is_legible_at_the_size_shown(name):
+    """Drawn as a chapter draws it (the book's style set), every text is at least
+    MIN_FONT_PT and at least MIN_SHOWN_PX high as the 1280-px site shows it."""
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context(BOOK_STYLE):
+        fig = getattr(schematics, name)()
+        try:
+            pt, width, px = smallest_text(fig)
+            print(f"{name}: smallest text {pt:g} pt, {width} px wide, shown {px:.1f} px")
+            problem = legibility_problem(fig)
+        finally:
+            plt.close(fig)
+    assert problem is None, f"{name}: {problem}"
+
+
+def test_the_legibility_check_catches_small_and_shrunk_text():
+    """It fails a drawing with 7-pt text, and one with 9-pt text so wide that the
+    site shrinks it (12 in at 100 dpi: 1,200 px, shown at 960, text 10 px)."""
+    import matplotlib.pyplot as plt
+
+    from tinyinfer_course.schematics.draw import canvas, label
+
+    def drawing(width_units: float, fontsize: float):
+        fig, ax = canvas(width_units, 2)
+        label(ax, 0.2, 1, "x" * 10, ha="left", fontsize=fontsize)
+        label(ax, width_units - 0.2, 1, "end", ha="right", fontsize=MIN_FONT_PT)
+        return fig
+
+    for width_units, fontsize, bad in ((8, 7, True), (24, MIN_FONT_PT, True), (8, MIN_FONT_PT, False)):
+        fig = drawing(width_units, fontsize)
+        try:
+            problem = legibility_problem(fig)
+        finally:
+            plt.close(fig)
+        assert (problem is not None) == bad, (width_units, fontsize, problem)
 
 
 CODE_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(?:---\n(?P<meta>.*?)\n---\n)?(?P<source>.*?)^```", re.M | re.S)

@@ -1,6 +1,7 @@
 """`make assignments` (scripts/make_assignments.py): lab 1 as an otter-grader
 assignment, graded end to end by `otter run` (no Docker) on the solved notebook
 and on one with a wrong exercise from tests/course/lab_cases/."""
+import ast
 import contextlib
 import importlib.util
 import io
@@ -60,6 +61,34 @@ def test_every_lab_becomes_an_otter_source_with_two_tests_per_exercise():
         assert not checks & set(sources), path.name  # each check cell replaced by its tests
 
 
+def test_the_student_copy_shows_the_labs_stub_and_the_autograder_runs_the_solution():
+    """Each exercise cell as otter writes it: the student sees exactly the lab's
+    cell (`# YOUR CODE HERE`, `raise NotImplementedError`), not a bare `...`; the
+    autograder's copy behaves as the solution (the prompt is a string literal)."""
+    solutions = pytest.importorskip("otter.assign.solutions", reason="otter-grader is not installed")
+    make_assignments = _load(ROOT / "scripts" / "make_assignments.py", "make_assignments")
+    make_labs = make_assignments.make_labs
+    for path in sorted((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb")):
+        solution = nbformat.read(path, as_version=4)
+        for i, _ in make_labs.exercise_pairs(solution, path.name):
+            source = solution.cells[i].source
+            otter_source = make_assignments.with_lab_prompt(source)
+            student = "\n".join(solutions.replace_solutions(otter_source.splitlines(), "python"))
+            assert student == make_labs.stub_source(source, path.name).rstrip("\n"), path.name
+            assert _without_prompts(otter_source) == ast.dump(ast.parse(source)), path.name
+
+
+def _without_prompts(source: str) -> str:
+    """The code otter's autograder runs, less the prompts' string literals (which do nothing)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+                                                 and "# YOUR CODE HERE" in str(n.value.value))]
+    return ast.dump(tree)
+
+
 def _passes(wrong, part: str) -> bool:
     """The merge-step check on one half of its cases, its message swallowed."""
     from tinyinfer_course import labcheck
@@ -88,6 +117,9 @@ def test_otter_grades_a_solved_lab_in_full_and_a_wrong_one_lower(tmp_path):
     folder = make_assignments.assign(ROOT / "solutions" / "01-tokens.ipynb", tmp_path / "assignments")
     student = nbformat.read(folder / "student" / "01-tokens.ipynb", as_version=4)
     assert not any("BEGIN SOLUTION" in c.source or 'only_cases("hidden")' in c.source for c in student.cells)
+    stub = 'raise NotImplementedError("Exercise: write the body of my_'  # the lab's stub, not otter's `...`
+    stubs = [c.source for c in student.cells if stub in c.source]
+    assert len(stubs) == 2 and not any(line.strip() == "..." for s in stubs for line in s.splitlines())
     tests = student.metadata["otter"]["tests"]
     assert set(tests) == {"my_encode_piece", "my_merge_step"} and not any("hidden=True" in t for t in tests.values())
     (zip_path,) = (folder / "autograder").glob("*.zip")

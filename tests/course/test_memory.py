@@ -272,3 +272,21 @@ def test_mamba2_state_does_not_depend_on_head_split():
 def test_mamba2_state_bad_input(bad):
     with pytest.raises(ValueError):
         memory.mamba2_state_bytes(**bad)
+
+
+def test_the_calculators_size_slider_reads_as_the_report_prints():
+    """Its readout is the default exactly ("7", for 7,000,000,000), not a log step's 7.08e+9."""
+    ipywidgets = pytest.importorskip("ipywidgets")
+
+    def walk(w):
+        yield w
+        for c in getattr(w, "children", ()) or ():
+            yield from walk(c)
+
+    widget = memory.calculator_widget(num_params=7e9)
+    (size,) = [w for w in walk(widget) if isinstance(w, ipywidgets.SelectionSlider)]
+    assert size.label == "7" and size.value == 7
+    (view,) = [w for w in walk(widget) if isinstance(w, ipywidgets.HTML)]
+    assert "7,000,000,000 params" in view.value
+    odd = memory.calculator_widget(num_params=2.5e9)
+    assert [w.label for w in walk(odd) if isinstance(w, ipywidgets.SelectionSlider)] == ["2.5"]

@@ -54,12 +54,18 @@ def test_packed_equals_f_linear(dtype, shape):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
 
 
-@pytest.mark.skipif(torch.bfloat16 not in cpu_linear.UPCAST_DTYPES, reason="this CPU has bf16 units: bf16 is packed")
-def test_bf16_without_bf16_units_multiplies_several_rows_in_fp32():
-    """No bf16 units: a prompt's rows go through one fp32 product (same numbers
-    as bf16 F.linear up to the order of additions), a decode row stays bf16."""
-    model = _model(torch.bfloat16)
-    layer = model[0]
+def _without_bf16_units(monkeypatch):
+    """Make this CPU look like one without bf16 units (an AVX2 laptop), whatever it has."""
+    monkeypatch.setattr(cpu_linear, "PACKED_DTYPES", (torch.float32,))
+    monkeypatch.setattr(cpu_linear, "UPCAST_DTYPES", (torch.bfloat16,))
+
+
+def test_bf16_without_bf16_units_multiplies_several_rows_in_fp32(monkeypatch):
+    """No bf16 units (forced here, so it runs on every CPU): a prompt's rows go
+    through one fp32 product (same numbers as bf16 F.linear up to the order of
+    additions), a decode row stays bf16."""
+    _without_bf16_units(monkeypatch)
+    layer = _model(torch.bfloat16)[0]
     assert type(layer) is PackedLinear and layer.packed_weight is None
     rows = torch.randn(cpu_linear.UPCAST_MIN_ROWS + 3, 80, dtype=torch.bfloat16)
     got = layer(rows)

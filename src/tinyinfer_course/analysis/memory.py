@@ -366,6 +366,15 @@ def format_kib(nbytes: float) -> str:
 # ------------------------------------------------------------------ an interactive calculator
 
 
+MODEL_SIZES_B = (0.135, 0.36, 0.5, 1, 1.7, 3, 7, 8, 13, 14, 32, 34, 70, 72, 110, 405, 671)  # published models
+
+
+def _size_options(default_b: float) -> list[tuple[str, float]]:
+    """The calculator's sizes as (label, billions), with the default among them."""
+    sizes = sorted(set(MODEL_SIZES_B) | {default_b})
+    return [(f"{b:,g}", b) for b in sizes]
+
+
 def calculator_widget(num_params: float = 7e9, num_layers: int = 32, num_kv_heads: int = 8, head_dim: int = 128,
                       kv_bytes_per_value: float = 2, context_tokens: int = 4096, num_requests: int = 1,
                       weight_bits: float = 16):
@@ -375,8 +384,10 @@ def calculator_widget(num_params: float = 7e9, num_layers: int = 32, num_kv_head
 
     style, layout = {"description_width": "150px"}, widgets.Layout(width="460px")
     controls = {
-        "num_params": widgets.FloatLogSlider(value=num_params, base=10, min=8, max=12, step=0.05,
-                                             description="parameters", readout_format=".3g"),
+        # Published sizes, in billions, so the readout shows the number the report prints (a log
+        # slider snapped 7e9 to its nearest step and showed 7.08e+9 beside 7,000,000,000).
+        "num_params": widgets.SelectionSlider(options=_size_options(num_params / 1e9), value=num_params / 1e9,
+                                              description="parameters (billions)"),
         "weight_bits": widgets.Dropdown(options=[32, 16, 8, 4], value=weight_bits, description="weight bits"),
         "num_layers": widgets.IntSlider(value=num_layers, min=1, max=128, description="layers"),
         "num_kv_heads": widgets.IntSlider(value=num_kv_heads, min=1, max=128, description="KV heads"),
@@ -392,7 +403,8 @@ def calculator_widget(num_params: float = 7e9, num_layers: int = 32, num_kv_head
     view = widgets.HTML()
 
     def update(_=None):
-        est = estimate(**{k: c.value for k, c in controls.items()})
+        values = {k: c.value for k, c in controls.items()}
+        est = estimate(**{**values, "num_params": values["num_params"] * 1e9})
         share = est.kv_total / est.total if est.total else 0.0
         view.value = (f"<pre>{est.report()}</pre><p>KV cache: <b>{share:.0%}</b> of the total "
                       f"(<b>{format_gib(est.weights)}</b> weights, <b>{format_gib(est.kv_total)}</b> cache)</p>")

@@ -43,28 +43,33 @@ def _as_params(setting) -> SamplingParams:
 
 
 def plot_distributions(logits: torch.Tensor, tokenizer, settings, top: int = 8, seen=None,
-                       title: str | None = None, cols: int = 3):
+                       title: str | None = None, cols: int = 2):
     """One bar chart per setting (a SamplingParams or a dict of its fields) of the
     `top` most likely next tokens after every processor. Every panel uses the
     same tokens (the most likely under the raw distribution), so the panels can
-    be compared bar by bar. Returns the matplotlib figure."""
+    be compared bar by bar. `cols` panels to a row, the figure at most the book's
+    MAX_WIDTH_IN wide (two columns of 3.45 in): more settings make more rows, not
+    narrower panels. Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
+
+    from tinyinfer_course.notebook.figures import MAX_WIDTH_IN
 
     settings = [_as_params(s) for s in settings]
     order = torch.topk(logits, top).indices.tolist()
     labels = [visible(tokenizer.decode([i])) for i in order]
     cols = min(len(settings), cols)
     rows = -(-len(settings) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 0.32 * top * rows + 1.2),
+    width = min(MAX_WIDTH_IN, MAX_WIDTH_IN / 2 * cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, 0.32 * top * rows + 1.2),
                              sharey=True, squeeze=False, layout="constrained")
     for ax, params in zip(axes.flat, settings):
         probs = processed_probs(logits, params, seen)
         values = [float(probs[i]) for i in order]
         bars = ax.barh(range(top), values, color=["C0" if v > 0 else "0.8" for v in values])
-        ax.bar_label(bars, [f"{v:.2f}" if v > 0 else "cut" for v in values], padding=2, fontsize=8)
+        ax.bar_label(bars, [f"{v:.2f}" if v > 0 else "cut" for v in values], padding=2, fontsize=9)
         ax.set_xlim(0, 1.18)
         kept = int((probs > 0).sum())
-        ax.set_title(f"{describe(params)}\n{kept:,} candidate{'s' if kept > 1 else ''}", fontsize=9)
+        ax.set_title(f"{describe(params)}\n{kept:,} candidate{'s' if kept > 1 else ''}", fontsize=10)
         ax.set_xlabel("probability")
     for ax in axes.flat[len(settings):]:
         ax.set_visible(False)

@@ -5,6 +5,7 @@ notebook's time), stored with the course and rendered by chapter 4.
     from tinyinfer_course.reports import gpu as gpu_report
     report = gpu_report.load()        # $TINYINFER_GPU_REPORT, else the stored copy
     print(gpu_report.render(report))  # header, tables, and the sentences computed from them
+    gpu_report.page(report)           # chapter 4's Markdown: a verdict, compact tables, the rest folded
 
 CI has no GPU, so the stored report is not remeasured at every build: like the
 peers reports (peers.py) it carries the fingerprint of the engine code it
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from .. import fingerprint
 from ..analysis.hardware import CHIPS, Chip, mbu, mfu
-from .stored import StoredReport
+from .stored import StoredReport, compact_table, constants_text, fold
 
 DATA = Path(__file__).resolve().parent / "data"  # beside peers' copies: measurements, not engine code
 STORED = DATA / "gpu-2026-12-04-h200.json"
@@ -140,7 +141,7 @@ def _share(fraction: float | None) -> str:
     return _pct(fraction) if fraction >= 0.001 else f"{100 * fraction:.2g}%"
 
 
-def header(report: dict) -> str:
+def header(report: dict, today: dict | None = None) -> str:
     m = report["meta"]
     where = (f"stored copy: tinyinfer_course/reports/data/{Path(report['source']).name}" if report.get("stored")
              else f"a saved run: {report.get('source', '?')}")
@@ -153,7 +154,7 @@ def header(report: dict) -> str:
              f"Weights: {m.get('weights', 'not stated')}. {command_note(m.get('command'))}"]
     if m.get("note"):
         lines.append(f"Note: {m['note']}")
-    lines.append(engine_note(report))
+    lines.append(engine_note(report, today))
     return "  \n".join(lines)
 
 
@@ -169,16 +170,20 @@ def command_note(command: str | None) -> str:
     return f"Command: `{command}`, an earlier script than today's GPU check, `{TODAY_COMMAND}`."
 
 
+PARITY_COLUMNS = ["shape", "dtype, mode", "continuations identical to transformers'",
+                  "prompt log-probs, max difference"]
+
+
+def parity_rows(report: dict) -> list[list[str]]:
+    return [[_shape(r), f"{r.get('dtype')}, {r.get('mode')}", f"{r.get('identical')} of {r.get('of')}",
+             _num(r.get("max_logprob_diff"), ".2g")] for r in report["parity"]]
+
+
 def parity_table(report: dict) -> str:
-    rows = report["parity"]
-    if not rows:
+    if not report["parity"]:
         return "No parity rows in this report."
-    out = ["| shape | dtype, mode | continuations identical to transformers' | prompt log-probs, max difference |",
-           "|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {_shape(r)} | {r.get('dtype')}, {r.get('mode')} | {r.get('identical')} of {r.get('of')} | "
-                   f"{_num(r.get('max_logprob_diff'), '.2g')} |")
-    return "\n".join(out)
+    return "\n".join(["| " + " | ".join(PARITY_COLUMNS) + " |", "|---|---|---|---|"]
+                     + ["| " + " | ".join(row) + " |" for row in parity_rows(report)])
 
 
 def _sorted(rows: list[dict]) -> list[dict]:
@@ -209,23 +214,38 @@ def utilisation(row: dict, chip: Chip | None) -> tuple[float | None, float | Non
             mfu(flops, seconds, chip.roofline.peak_flops) if flops else None)
 
 
-def decode_table(report: dict) -> str:
-    rows = report["decode"]
-    if not rows:
-        return "No decode rows in this report."
+DECODE_COLUMNS = ["shape, weights", "batch", "engine", "ms per step", "bound", "% of bound",
+                  "kernel launches per step", "MBU, datasheet", "MFU, datasheet"]
+
+
+# The page's decode table (page()): the shape, the weights' size and their dtype in columns of
+# their own, and the bound's unit in its heading, so that a column the same in every row can go.
+PAGE_DECODE_COLUMNS = ["shape", "weights", "dtype", "batch", "engine", "ms per step", "bound, ms", "% of bound",
+                       "kernel launches per step", "MBU, datasheet", "MFU, datasheet"]
+
+
+def decode_rows(report: dict, split: bool = False) -> list[list[str]]:
+    """The decode table's cells, row by row: DECODE_COLUMNS, or with split PAGE_DECODE_COLUMNS."""
     chip = datasheet_chip(report["meta"].get("device"))
-    out = ["| shape, weights | batch | engine | ms per step | bound | % of bound | kernel launches per step "
-           "| MBU, datasheet | MFU, datasheet |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in _sorted(rows):
+    out = []
+    for r in _sorted(report["decode"]):
         marks = ("¹" if r.get("step_ms_includes_prefill") else "") + ("²" if r.get("step_ms_derived") else "")
         step = f"{_step(r['step_ms'])[:-3]}{marks}" if r.get("step_ms") is not None else "not measured"
         bound = _ms(r["bound_ms"]) if r.get("bound_ms") is not None else "not known"
         frac = _pct(r["fraction_of_bound"]) if r.get("fraction_of_bound") is not None else "not known"
-        weights = f"{r['weight_bytes'] / 1e9:.2f} GB {r.get('dtype', '')}" if r.get("weight_bytes") else "?"
-        used = " | ".join(_share(x) for x in utilisation(r, chip))
-        out.append(f"| {_shape(r)}, {weights} | {r.get('batch')} | {MODE_NAMES.get(r.get('mode'), r.get('mode'))} "
-                   f"| {step} | {bound} | {frac} | {_num(r.get('launches_per_step'), ',d')} | {used} |")
+        size = f"{r['weight_bytes'] / 1e9:.2f} GB" if r.get("weight_bytes") else "?"
+        weights = f"{size} {r.get('dtype', '')}" if r.get("weight_bytes") else "?"
+        head = ([_shape(r), size, str(r.get("dtype", "?")), str(r.get("batch"))] if split else
+                [f"{_shape(r)}, {weights}", str(r.get("batch"))])
+        out.append(head + [MODE_NAMES.get(r.get("mode"), r.get("mode")), step,
+                           bound.removesuffix(" ms") if split else bound, frac,
+                           _num(r.get("launches_per_step"), ",d"), *(_share(x) for x in utilisation(r, chip))])
+    return out
+
+
+def decode_notes(report: dict) -> str:
+    """What the decode table's columns and marks mean, for under it."""
+    rows, chip = report["decode"], datasheet_chip(report["meta"].get("device"))
     notes = [f"% of bound: against the bandwidth measured on the run. MBU and MFU: against the {chip.name} "
              f"datasheet ({chip.roofline.bandwidth / 1e12:.2f} TB/s, {chip.roofline.peak_flops / 1e12:,.0f} TFLOP/s "
              "dense in 16 bits); the bytes are the weights, the FLOPs 2 per parameter and sequence."
@@ -237,7 +257,15 @@ def decode_table(report: dict) -> str:
     if any(r.get("step_ms_derived") for r in rows):
         derived = next(r["step_ms_derived"] for r in rows if r.get("step_ms_derived"))
         notes.append(f"² worked out from tokens per second: {derived}.")
-    return "\n".join(out) + ("\n\n" + "  \n".join(notes) if notes else "")
+    return "  \n".join(notes)
+
+
+def decode_table(report: dict) -> str:
+    if not report["decode"]:
+        return "No decode rows in this report."
+    lines = ["| " + " | ".join(DECODE_COLUMNS) + " |", "|" + "---|" * len(DECODE_COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in decode_rows(report)]
+    return "\n".join(lines) + "\n\n" + decode_notes(report)
 
 
 # ------------------------------------------------------------------ the sentences
@@ -441,3 +469,56 @@ def explain(report: dict, skip: tuple[str, ...] = ()) -> str:
 def render(report: dict, skip: tuple[str, ...] = ()) -> str:
     """The header, both tables and the sentences, as one Markdown text."""
     return "\n\n".join([header(report), parity_table(report), decode_table(report), explain(report, skip)])
+
+
+# ------------------------------------------------------------------ on a page
+
+
+def verdict(report: dict) -> str:
+    """One sentence: each shape's fastest batch-1 decode step against its bandwidth bound."""
+    parts = []
+    for shape in _shapes(report):
+        row = _best([r for r in _rows(report, shape=shape, batch=1) if r.get("fraction_of_bound") is not None])
+        if row:
+            parts.append(f"{'that' if parts else 'the fastest batch-1 decode step'} of the {_shape(row)} shape "
+                         f"({row['mode']}) took {_step(row['step_ms'])}, {_pct(row['fraction_of_bound'])} of its "
+                         f"bound of {_ms(row['bound_ms'])}")
+    device = f"the {report['meta']['device']}" if report["meta"].get("device") else "an unnamed GPU"
+    if not parts:
+        return f"This report has no batch-1 decode step to set against the bandwidth bound on {device}."
+    far = max(r["fraction_of_bound"] for r in report["decode"] if r.get("fraction_of_bound") is not None) < 0.5
+    return (f"On {device}, " + ", and ".join(parts)
+            + (": every step here is far from what the memory allows." if far else "."))
+
+
+# A parity column that is the same in every row, said once under the table.
+PARITY_WORDS = {"shape": "every row is the {} shape",
+                "continuations identical to transformers'": "{} continuations identical to transformers' in each",
+                "dtype": "the weights are {} in every row"}
+
+
+def page(report: dict, skip: tuple[str, ...] = ()) -> str:
+    """The report laid out for a page (stored.fold's comment): the verdict, both tables with
+    no column that is the same in every row, the note when the engine has changed since (or
+    its age is not known), then 'About this run', folded: the header and the sentences
+    (explain's, less those in skip)."""
+    today = REPORT.stamp()
+    stale = not REPORT.current(report, today)
+    parts = [verdict(report)]
+    for rows, columns, notes, empty in ((parity_rows(report), PARITY_COLUMNS, "", "No parity rows in this report."),
+                                        (decode_rows(report, split=True), PAGE_DECODE_COLUMNS, decode_notes(report),
+                                         "No decode rows in this report.")):
+        if not rows:
+            parts.append(empty)
+            continue
+        table, dropped = compact_table(columns, rows, keep=("engine",))
+        below = [text for text in (constants_text(dropped, PARITY_WORDS), notes) if text]
+        parts.append(table + ("\n\n" + "  \n".join(below) if below else ""))
+    note = engine_note(report, today)
+    if stale:
+        parts.append(note)
+    head = header(report, today)
+    if stale:
+        head = head.removesuffix("  \n" + note)
+    parts.append(fold("About this run", "\n\n".join([head, explain(report, skip)])))
+    return "\n\n".join(parts)

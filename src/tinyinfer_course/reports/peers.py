@@ -6,6 +6,7 @@ turned into a table and into sentences computed from its numbers.
     report = peers.load()          # _build/peers.json if `make peers` ran here, else a stored copy
     print(peers.table(report))     # one row per engine, format and concurrency, with ratios
     print(peers.explain(report))   # which engine wins on this CPU, and why (bytes, BF16 units)
+    peers.page(report, users=(1,)) # a page's Markdown: who leads, a compact table, the rest folded
 
 Why the winner changes from one CPU to the next. For one user a decode step
 reads every weight once, so the format with the fewest bytes per token can win,
@@ -38,7 +39,8 @@ from pathlib import Path
 
 from .. import fingerprint, machine
 from ..analysis.hardware import mbu, mfu
-from .stored import StoredReport
+from .stored import StoredReport, constants_text, fold
+from .stored import compact_table as _compact
 
 # The copies stored with the course (one `make peers` run each), beside this file
 # rather than in tinyinfer/data, so that storing a new run does not change the
@@ -200,7 +202,7 @@ def row_name(report: dict, key: str) -> str:
     return f"{short_label(e['label'])}, {e['format']}{head}"
 
 
-def header(report: dict) -> str:
+def header(report: dict, today: dict | None = None) -> str:
     m = report["meta"]
     # The stored copy by its name (its folder is wherever the package was installed).
     where = (f"stored copy: tinyinfer_course/reports/data/{Path(report['source']).name}" if report.get("stored")
@@ -218,7 +220,7 @@ def header(report: dict) -> str:
     if m.get("note"):
         lines.append(f"Note: {m['note']}")
     if any(e["engine"] == "tinyinfer" for k, e in report["engines"].items() if k in report["runs"]):
-        lines.append(REPORT.note(report))
+        lines.append(REPORT.note(report, today))
     return "  \n".join(lines)
 
 
@@ -440,3 +442,149 @@ def explain(report: dict) -> str:
 def render(report: dict) -> str:
     """The table and the sentences, as one Markdown text."""
     return table(report) + "\n\n" + explain(report)
+
+
+# ------------------------------------------------------------------ on a page
+
+SENTENCES = {"winners": lambda r: "\n\n".join(winners(r, c) for c in concurrencies(r)), "bytes": bytes_sentence,
+             "mfu": mfu_sentence, "bf16": bf16_sentence, "load": load_sentence, "tokens": tokens_sentence}
+# A dropped column (the same in every row), said once under the table.
+CONSTANT_WORDS = {"users": "{} users at once in every row", "tokens/reply": "every reply: {} output tokens"}
+
+
+def subset(report: dict, users: tuple[int, ...] | None = None, formats: tuple[str, ...] | None = None) -> dict:
+    """The report with only the rows at these concurrencies (`users`) and of these formats
+    (a row's format or its short name, format_cell's): a page that teaches formats shows
+    the one-user rows, the full table is shown once elsewhere. None keeps every row."""
+    runs = {}
+    for key, by_c in report["runs"].items():
+        fmt = report["engines"][key]["format"]
+        if formats is not None and fmt not in formats and short_format(fmt) not in formats:
+            continue
+        kept = {c: r for c, r in by_c.items() if users is None or c in users}
+        if kept:
+            runs[key] = kept
+    return dict(report, runs=runs)
+
+
+def short_format(fmt: str) -> str:
+    """'INT4 g32 (Q4_1's weights), bf16 activations' is 'INT4 g32' in a table cell; the
+    whole name goes in the key under it."""
+    return fmt.split(" (")[0].split(", ")[0]
+
+
+def short_name(report: dict, key: str) -> str:
+    """'tinyinfer compiled, INT4 g32': a row by its program and its format's short name."""
+    e = report["engines"][key]
+    return f"{short_label(e['label'])}, {short_format(e['format'])}"
+
+
+def _full_format(report: dict, key: str) -> str:
+    return row_name(report, key).removeprefix(short_label(report["engines"][key]["label"]) + ", ")
+
+
+def compact_table(report: dict) -> str:
+    """The table for a page: engine and format in columns of their own, the format by its
+    short name with a key under the table, and no column that is the same in every row
+    (the constant said once under it instead: 'every reply: 64 output tokens')."""
+    base = baseline_key(report)
+    marks: dict[str, str] = {}  # a format's whole name: its mark in the table
+    rows = []
+    for c in concurrencies(report):
+        b = report["runs"].get(base, {}).get(c)
+        for key, runs in report["runs"].items():
+            r = runs.get(c)
+            if r is None:
+                continue
+            e = report["engines"][key]
+            full = _full_format(report, key)
+            fmt = short_format(e["format"])
+            if full != fmt:
+                fmt += marks.setdefault(full, "¹²³⁴⁵⁶⁷⁸⁹"[len(marks)] if len(marks) < 9 else f" ({len(marks) + 1})")
+            ratios = (["1.00x"] * 3 if key == base else
+                      [_ratio(r[m], b and b[m]) for m in ("output_throughput", "median_ttft_ms", "median_tpot_ms")])
+            lo, hi = r.get("tokens_per_reply", ["?", "?"])
+            # no-break spaces: a table that fits its column gives its room to the names, not the headings
+            cells = [short_label(e["label"]).replace(" ", "\u00a0"), fmt.replace(" ", "\u00a0")]
+            if key == base:
+                cells = [f"**{cell}**" for cell in cells]
+            rows.append(cells + [str(c), f"{r['output_throughput']:.1f}", f"{r['median_ttft_ms']:,.0f}",
+                                 f"{r['median_tpot_ms']:,.1f}", *ratios, str(lo if lo == hi else f"{lo}-{hi}")])
+    columns = ["engine", "format", "users", "output tok/s", "TTFT p50, ms", "TPOT p50, ms", "tok/s vs base",
+               "TTFT vs base", "TPOT vs base", "tokens/reply"]
+    text, dropped = _compact(columns, rows, keep=("engine", "format"))
+    notes = [f"Baseline (bold): {row_name(report, base) if base else '-'}; the ratios are against it at the same "
+             "number of users (above 1 is better for tok/s, below 1 for TTFT and TPOT)."]
+    notes += [f"{mark} {full}" for full, mark in marks.items()]
+    words = dict(CONSTANT_WORDS, users="one user at a time in every row") if ("users", "1") in dropped \
+        else CONSTANT_WORDS
+    if dropped:
+        notes.append(constants_text(dropped, words))
+    return text + "\n\n" + "  \n".join(notes)
+
+
+def leaders(report: dict) -> str:
+    """The verdict: who serves the most output tok/s at each concurrency (one run of
+    concurrencies with the same leader said once), and, for one user alone, the shortest step."""
+    groups: list[tuple[str, list[int], list[float]]] = []
+    for c in concurrencies(report):
+        key, r = _best(report, c)
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(c)
+            groups[-1][2].append(r["output_throughput"])
+        else:
+            groups.append((key, [c], [r["output_throughput"]]))
+    if not groups:
+        return "This report has no rows."
+
+    if concurrencies(report) == [1]:  # one user alone: the most tok/s, and the shortest step
+        key, (_, _, (tps,)) = groups[0][0], groups[0]
+        pk, p = _best(report, 1, "median_tpot_ms")
+        step = f"{p['median_tpot_ms']:.1f} ms"
+        return (f"For one user, {short_name(report, key)} serves the most output tokens per second ({tps:.1f})"
+                + (f" and has the shortest decode step ({step})." if pk == key else
+                   f"; {short_name(report, pk)} has the shortest decode step ({step})."))
+    parts = [f"for {'one user' if cs == [1] else _and(cs) + ' users at once'}, {short_name(report, key)} "
+             f"({' and '.join(f'{t:.1f}' for t in tps)} tok/s)" for key, cs, tps in groups]
+    return "Most output tokens per second: " + "; ".join(parts) + "."
+
+
+def page(report: dict, users: tuple[int, ...] | None = None, formats: tuple[str, ...] | None = None,
+         sentences: tuple[str, ...] | None = None, with_table: bool = True, full: tuple[str, str] | None = None
+         ) -> str:
+    """The report laid out for a page (stored.fold's comment): the leaders, the compact table,
+    the note when the tinyinfer rows are an older engine's, then 'About this run', folded: the
+    header and the computed sentences (the SENTENCES named, default all). `users` and `formats`
+    choose the rows (subset); `full` is (words, address) of the page with the whole table."""
+    shown = subset(report, users, formats)
+    today = REPORT.stamp()
+    tinyinfer = any(report["engines"][k]["engine"] == "tinyinfer" for k in shown["runs"])
+    stale = tinyinfer and not REPORT.current(report, today)
+    parts = [leaders(shown)]
+    if with_table:
+        parts.append(compact_table(shown))
+        if full and shown["runs"] != report["runs"]:
+            parts.append(f"These are the rows {_which(users, formats)} of this run; [{full[0]}]({full[1]}) shows "
+                         f"all of them, at {_and(concurrencies(report))} users at once.")
+    if stale:
+        parts.append(REPORT.note(report, today))
+    head = header(report, today)
+    if stale:
+        head = head.removesuffix("  \n" + REPORT.note(report, today))
+    said = [SENTENCES[name](shown) for name in (sentences or SENTENCES)]
+    parts.append(fold("About this run", "\n\n".join([head] + [s for s in said if s])))
+    return "\n\n".join(parts)
+
+
+def _which(users, formats) -> str:
+    words = []
+    if users:
+        words.append("for one user" if list(users) == [1] else f"for {_and(list(users))} users at once")
+    if formats:
+        words.append(f"in {_and(list(formats))}")
+    return " ".join(words)
+
+
+def _and(items: list) -> str:
+    items = [str(i) for i in items]
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)

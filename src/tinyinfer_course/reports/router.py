@@ -5,6 +5,7 @@
     from tinyinfer_course.reports import router as router_report
     report = router_report.load()       # _build/fleet-router.json if `make fleet` ran here, else the stored copy
     print(router_report.render(report))  # header, table, and sentences computed from the numbers
+    router_report.page(report)           # chapter 8's Markdown: a verdict, the table, the rest folded
 
 A report is JSON:
     meta         date, cpu, cores, vector_units, threads_per_replica, replicas,
@@ -26,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import fingerprint
-from .stored import Age, StoredReport
+from .stored import Age, StoredReport, compact_table, constants_text, fold
 
 DATA = Path(__file__).resolve().parent / "data"  # beside the peers reports: measurements, not code
 STORED = DATA / "fleet-router-2026-12-05-xeon.json"
@@ -243,3 +244,57 @@ def render(report: dict, with_note: bool = True) -> str:
     head = header(report) + ("  \n" + REPORT.note(report) if with_note else "")
     return "\n\n".join([head, table(report), explain(report)])
 
+
+
+# ------------------------------------------------------------------ on a page
+
+
+def verdict(report: dict) -> str:
+    """One or two sentences: where the real replicas came within BAR of the simulator (the
+    busier replica's share, the prefix-cache hits) and how far the real p95 TTFT was from
+    the prediction."""
+    runs, bar = report["runs"], BAR * 100
+
+    def near(metric) -> tuple[list[str], list[str]]:
+        close = [p for p, run in runs.items() if _points(metric(run["real"]), metric(run["sim"])) <= bar]
+        return close, [p for p in runs if p not in close]
+
+    def said(close: list[str], far: list[str], metric, what: str) -> str:
+        if not far:
+            return f"{what} within {bar:.0f} points under all {len(close)} policies"
+        gaps = _and([f"{p} ({_pct(metric(runs[p]['real']))} against {_pct(metric(runs[p]['sim']))})" for p in far])
+        return (f"{what} within {bar:.0f} points under {_and(close)}, but not under {gaps}" if close else
+                f"{what} more than {bar:.0f} points away under every policy ({gaps})")
+
+    share, hits = (lambda r: _busier(r["share"])), (lambda r: r["prefix_hit_rate"])
+    text = ("The real replicas matched the simulator's " + said(*near(share), share, "busier-replica share")
+            + "; and its " + said(*near(hits), hits, "prefix-cache hit rate") + ".")
+    ratios = [run["real"]["ttft_p95_s"] / run["sim"]["ttft_p95_s"] for run in runs.values()]
+    return text + f" The real p95 TTFT was {_span(ratios)} the predicted one."
+
+
+def _and(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def page(report: dict) -> str:
+    """The report laid out for a page (stored.fold's comment): the verdict, the table, the
+    note when the code has changed since, then 'About this run', folded: the header (the
+    machine, the workload) and the computed sentences."""
+    today = REPORT.stamp()
+    note = REPORT.note(report, today)
+    stale = not REPORT.current(report, today)
+    table_text, dropped = compact_table(*_cells(report), keep=("router policy (simulator's)",))
+    parts = [verdict(report), table_text + ("\n\n" + constants_text(dropped) if dropped else "")]
+    if stale:
+        parts.append(note)
+    head = header(report) + ("" if stale else "  \n" + note)
+    parts.append(fold("About this run", "\n\n".join([head, explain(report)])))
+    return "\n\n".join(parts)
+
+
+def _cells(report: dict) -> tuple[list[str], list[list[str]]]:
+    """table()'s columns and cells."""
+    lines = table(report).splitlines()
+    split = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+    return split[0], split[2:]

@@ -140,3 +140,62 @@ class StoredReport:
         age = Age(when, stamp.get("engine_commit", "unknown"), stamp.get("engine_fingerprint", "unknown"),
                   today["engine_fingerprint"], changed)
         return self.words(report, age)
+
+    def current(self, report: dict, today: dict | None = None) -> bool:
+        """Whether the report was measured by today's code (its fingerprint is today's). False
+        for an older engine, and for a report with no fingerprint (its age is not known): a
+        page keeps note() in view unless this is True."""
+        theirs = (report["meta"].get("engine_stamp") or {}).get("engine_fingerprint", "unknown")
+        return theirs != "unknown" and theirs == (today or self.stamp())["engine_fingerprint"]
+
+
+# ------------------------------------------------------------------ a report on a page
+# The chapters show a report's Markdown through IPython.display.Markdown, read as GitHub's
+# Markdown (_config.yml's nb_render_markdown_format: gfm): MyST directives do not work there,
+# raw HTML does. page() functions (peers, gpu, router) lay a report out for a page: a verdict
+# of a sentence or two, the table with no column that says the same thing in every row, the
+# stamp note when the code has changed since (never folded), then "About this run", folded:
+# the provenance and the sentences computed from the numbers. render() stays the whole text,
+# for a terminal and for the labs whose stored outputs show it.
+
+MISSING = ("not measured", "not known", "-", "?", "")  # a cell that holds no measurement
+
+
+def fold(summary: str, body: str) -> str:
+    """`body` (Markdown) in a closed <details> block headed `summary`. The blank lines matter:
+    GitHub's Markdown ends an HTML block at a blank line, so the Markdown inside renders
+    (tables and paragraphs), and </details> is an HTML block of its own."""
+    return f"<details>\n<summary>{summary}</summary>\n\n{body.strip()}\n\n</details>"
+
+
+def compact_table(columns: list[str], rows: list[list[str]], keep: tuple[str, ...] = ()
+                  ) -> tuple[str, list[tuple[str, str]]]:
+    """A Markdown table of `rows` under `columns`, less every column whose cells are all
+    the same (in more than one row) or all empty of a measurement (MISSING), unless named
+    in `keep`. Returns the table and the (column, value) of each column dropped, for the
+    page to say once under the table ('every reply: 64 tokens')."""
+    dropped, shown = [], []
+    for i, name in enumerate(columns):
+        cells = {row[i] for row in rows}
+        if name not in keep and rows and (len(cells) == 1 and len(rows) > 1 or cells <= set(MISSING)):
+            dropped.append((name, rows[0][i]))
+        else:
+            shown.append(i)
+    lines = ["| " + " | ".join(columns[i] for i in shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(row[i] for i in shown) + " |" for row in rows]
+    return "\n".join(lines), dropped
+
+
+def constants_text(dropped: list[tuple[str, str]], words: dict[str, str] | None = None) -> str:
+    """compact_table's dropped columns as one sentence for under the table: 'every reply: 64
+    output tokens' (words[column], with {} for the value), else 'column: value in every row',
+    or 'column: not measured in any row'."""
+    def said(name: str, value: str) -> str:
+        if name in (words or {}):
+            return words[name].format(value)
+        if value in MISSING:
+            return f"{name}: {value if value.startswith('not ') else 'none'} in any row"
+        return f"{name}: {value} in every row"
+
+    text = "; ".join(said(name, value) for name, value in dropped)
+    return text[:1].upper() + text[1:] + "." if text else ""

@@ -51,22 +51,22 @@ def block_table_scenario(block_size: int | None = None, num_blocks: int = 8):
 def _panel(ax, x0, title, snap, bs, copies=()):
     label(ax, x0 + 3.6, 8.6, title, fontsize=9)
     names = {"A": "A, sample 0", "A#1": "A, sample 1", "B": "B"}
-    label(ax, x0 + 3.6, 8.05, "block tables: the pool block behind each run of positions", fontsize=7.5, italic=True)
+    label(ax, x0 + 3.6, 8.05, "block tables: the pool block behind each run of positions", fontsize=9, italic=True)
     for row, (seq, table) in enumerate(snap["tables"].items()):
         y = 6.9 - row * 1.2
-        label(ax, x0 + 1.7, y + 0.4, names[seq], ha="right", fontsize=8)
+        label(ax, x0 + 1.7, y + 0.4, names[seq], ha="right", fontsize=9)
         blocks(ax, x0 + 1.9, y, [str(b) for b in table], [_ref_color(snap["refs"][b]) for b in table], size=0.8)
-        label(ax, x0 + 2.0 + 0.9 * len(table), y + 0.4, f"{snap['tokens'][seq]} tokens", ha="left", fontsize=7,
+        label(ax, x0 + 2.0 + 0.9 * len(table), y + 0.4, f"{snap['tokens'][seq]} tokens", ha="left", fontsize=9,
               italic=True)
     y_pool = 2.4
-    label(ax, x0 + 3.6, y_pool + 1.3, "the KV pool: block id (top), reference count (below)", fontsize=7.5)
+    label(ax, x0 + 3.6, y_pool + 1.3, "the KV pool: block id (top), reference count (below)", fontsize=9)
     centres = blocks(ax, x0 + 0.2, y_pool, [str(i) for i in range(len(snap["refs"]))],
                      [_ref_color(r) for r in snap["refs"]], size=0.8)
     for c, r in zip(centres, snap["refs"]):
-        label(ax, c, y_pool - 0.35, f"x{r}", fontsize=7)
+        label(ax, c, y_pool - 0.35, f"x{r}", fontsize=9)
     for src, dst in copies:
         arrow(ax, (centres[src], y_pool - 0.7), (centres[dst], y_pool - 0.7), color="vermillion", curve=0.4)
-        label(ax, (centres[src] + centres[dst]) / 2, y_pool - 1.45, f"copy block {src} into {dst}", fontsize=7,
+        label(ax, (centres[src] + centres[dst]) / 2, y_pool - 1.45, f"copy block {src} into {dst}", fontsize=9,
               color="vermillion")
     return centres
 
@@ -81,13 +81,13 @@ def draw_block_table(block_size: int | None = None):
     half-full last block, so the engine first copies that block to a free one
     (copy-on-write) and points the sample's table at the copy."""
     bs, before, after, copies = block_table_scenario(block_size)
-    fig, ax = canvas(16, 9.4)
+    fig, ax = canvas(16.9, 9.4)
     _panel(ax, 0.2, "after A's prefill (n=2) and B's prefix-cache hit", before, bs)
-    _panel(ax, 8.3, "A's sample 1 writes one token: copy-on-write", after, bs, copies)
-    ax.plot([8.05, 8.05], [0.6, 8.9], color="#cccccc", linewidth=0.8)
+    _panel(ax, 9.0, "A's sample 1 writes one token: copy-on-write", after, bs, copies)
+    ax.plot([8.6, 8.6], [0.6, 8.9], color="#cccccc", linewidth=0.8)
     for x, color, text in ((0.6, "orange", "shared (count > 1)"), (4.0, "blue", "one owner"),
                            (6.6, "grey", "free")):
         box(ax, x, 0.25, 0.45, 0.45, "", color)
-        label(ax, x + 0.6, 0.47, text, ha="left", fontsize=7.5)
-    label(ax, 15.8, 0.47, f"{bs} token positions per block", ha="right", fontsize=7.5, italic=True)
+        label(ax, x + 0.6, 0.47, text, ha="left", fontsize=9)
+    label(ax, 16.6, 0.47, f"{bs} token positions per block", ha="right", fontsize=9, italic=True)
     return fig

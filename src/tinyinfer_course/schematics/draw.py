@@ -5,6 +5,11 @@ Coordinates are in "units" on a canvas of a given width and height (the figure
 is 0.5 inch per unit by default), with (0, 0) at the bottom left, so a drawing
 reads like graph paper. matplotlib is imported here, not by the engine: only
 the book and the labs need it.
+
+No text is under 9 pt, the helpers' default (tests/book/test_schematics.py): at
+100 dpi that is 12.5 px on the site, as long as the drawing is at most 960 px
+wide (19 units), or the site shrinks it and its text with it. Make room for a
+label rather than shrink it.
 """
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", color: str =
 
 
 def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "", color: str = "grey",
-          both: bool = False, curve: float = 0.0, fontsize: float = 8):
+          both: bool = False, curve: float = 0.0, fontsize: float = 9):
     """An arrow from start to end, optionally labelled at its middle; `curve`
     bends it (positive: to the left of the direction of travel)."""
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="<|-|>" if both else "-|>", mutation_scale=10,
@@ -69,7 +74,7 @@ def label(ax, x: float, y: float, text: str, fontsize: float = 9, ha: str = "cen
 
 
 def blocks(ax, x: float, y: float, texts: list[str], colors: list[str] | str = "grey", size: float = 0.8,
-           gap: float = 0.1, fontsize: float = 8):
+           gap: float = 0.1, fontsize: float = 9):
     """A row of square blocks (KV blocks, tokens, weights) starting at (x, y);
     returns the x of each block's centre, for arrows."""
     colors = [colors] * len(texts) if isinstance(colors, str) else colors

@@ -21,8 +21,8 @@ def draw_flash_tiles(num_tokens: int = 1024, block: int = 128, row: int = 5):
     size = 8.0 / n
     x0, y0 = 1.2, 1.0
     label(ax, x0 + 4.0, 9.85, f"scores of one head: {num_tokens:,} queries \u00d7 {num_tokens:,} keys", fontsize=9)
-    label(ax, x0 + 4.0, 9.35, "keys, in blocks \u2192", fontsize=8, italic=True)
-    label(ax, 0.55, y0 + 4.0, "queries, in blocks \u2192", fontsize=8, italic=True)
+    label(ax, x0 + 4.0, 9.35, "keys, in blocks \u2192", fontsize=9, italic=True)
+    label(ax, 0.55, y0 + 4.0, "queries, in blocks \u2192", fontsize=9, italic=True)
     ax.texts[-1].set_rotation(-90)
     for i in range(n):  # query block i, drawn from the top down
         for j in range(n):  # key block j
@@ -42,22 +42,22 @@ def draw_flash_tiles(num_tokens: int = 1024, block: int = 128, row: int = 5):
     # The legend and the running values.
     rx = 10.3
     box(ax, rx, 7.9, 0.5, 0.5, "", "sky")
-    label(ax, rx + 0.7, 8.15, "computed once, then thrown away", fontsize=8, ha="left")
+    label(ax, rx + 0.7, 8.15, "computed once, then thrown away", fontsize=9, ha="left")
     box(ax, rx, 7.2, 0.5, 0.5, "", "yellow")
-    label(ax, rx + 0.7, 7.45, "on the diagonal: partly masked", fontsize=8, ha="left")
+    label(ax, rx + 0.7, 7.45, "on the diagonal: partly masked", fontsize=9, ha="left")
     ax.add_patch(plt.Rectangle((rx, 6.5), 0.5, 0.5, facecolor="white", edgecolor="#bbbbbb"))
-    label(ax, rx + 0.7, 6.75, "in the future: never computed", fontsize=8, ha="left")
-    box(ax, rx - 0.2, 2.6, 6.6, 3.3, "", "vermillion")
-    label(ax, rx + 3.1, 5.55, "one block of queries walks its row,", fontsize=8.5)
-    label(ax, rx + 3.1, 5.1, "keeping per query only:", fontsize=8.5)
+    label(ax, rx + 0.7, 6.75, "in the future: never computed", fontsize=9, ha="left")
+    box(ax, rx - 0.2, 1.75, 6.6, 4.15, "", "vermillion")
+    label(ax, rx + 3.1, 5.55, "one block of queries walks its row,", fontsize=9)
+    label(ax, rx + 3.1, 5.1, "keeping per query only:", fontsize=9)
     for k, text in enumerate(["m: the largest score so far",
                               "\u2113: the sum of exp(score \u2212 m)",
                               "o: the sum of exp(score \u2212 m) \u00d7 value"]):
-        label(ax, rx + 0.2, 4.5 - k * 0.5, text, fontsize=8, ha="left")
-    label(ax, rx + 3.1, 2.95, "a larger m rescales \u2113 and o by exp(old m \u2212 new m);\n"
-          "at the end, the output is o / \u2113", fontsize=7.5)
+        label(ax, rx + 0.2, 4.5 - k * 0.5, text, fontsize=9, ha="left")
+    label(ax, rx + 3.1, 2.6, "a larger m rescales \u2113 and o\nby exp(old m \u2212 new m);\n"
+          "at the end, the output is o / \u2113", fontsize=9)
     tile_kib = block * block * 4 / 2**10
-    label(ax, rx + 3.1, 1.75, f"one tile: {block}\u00b2 \u00d7 4 bytes = {tile_kib:,.0f} KiB", fontsize=8)
-    label(ax, rx + 3.1, 1.2, f"the whole matrix: {num_tokens:,}\u00b2 \u00d7 4 bytes = "
-          f"{num_tokens * num_tokens * 4 / 2**20:,.0f} MiB", fontsize=8)
+    label(ax, rx + 3.1, 1.2, f"one tile: {block}\u00b2 \u00d7 4 bytes = {tile_kib:,.0f} KiB", fontsize=9)
+    label(ax, rx + 3.1, 0.7, f"the whole matrix: {num_tokens:,}\u00b2 \u00d7 4 bytes = "
+          f"{num_tokens * num_tokens * 4 / 2**20:,.0f} MiB", fontsize=9)
     return fig

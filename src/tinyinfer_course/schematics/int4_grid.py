@@ -39,14 +39,14 @@ def _panel(ax, y, x_of, levels, rounded, weights, title, codes):
         color = COLORS["blue"] if i in used else COLORS["grey"]
         ax.plot([x_of(v), x_of(v)], [y - 0.25, y + 0.25], color=color, linewidth=2.2 if i in used else 1.0)
     for i, text in codes.items():  # a few codes under their ticks
-        label(ax, x_of(float(levels[i])), y - 0.55, text, fontsize=7)
+        label(ax, x_of(float(levels[i])), y - 0.55, text, fontsize=9)
     for wv, r in zip(weights.tolist(), rounded.tolist()):
         ax.plot([x_of(wv), x_of(r)], [y + 0.75, y + 0.28], color=COLORS["orange"], linewidth=0.8)
         ax.plot(x_of(wv), y + 0.8, "o", color=COLORS["orange"], markersize=4)
     step = float(levels[1] - levels[0])
     error = float((rounded - weights).abs().max())
     label(ax, 0.4, y + 1.45, f"{title}: step {step:.3f}, {len(used)} of {len(levels)} levels used, "
-          f"largest rounding error {error:.3f}", ha="left", fontsize=8.5)
+          f"largest rounding error {error:.3f}", ha="left", fontsize=9)
 
 
 def draw_int4_grid(weights=EXAMPLE_WEIGHTS):
@@ -59,19 +59,19 @@ def draw_int4_grid(weights=EXAMPLE_WEIGHTS):
     w = torch.tensor(weights, dtype=torch.float32)
     sym_levels, sym = symmetric_grid(w)
     asym_levels, asym = asymmetric_grid(w)
-    fig, ax = canvas(15, 6.4)
+    fig, ax = canvas(15, 7.0)
     left, right = min(float(sym_levels[0]), 0.0), max(float(sym_levels[-1]), float(w.max()))
     x_of = lambda v: 1.0 + (v - left) / (right - left) * 13.0  # noqa: E731  value -> canvas units
-    _panel(ax, 4.4, x_of, sym_levels, sym, w, "Symmetric (zero point 0)",
+    _panel(ax, 5.0, x_of, sym_levels, sym, w, "Symmetric (zero point 0)",
            {0: "-8", 8: "0", 15: "7"})
     _panel(ax, 1.6, x_of, asym_levels, asym, w, "Asymmetric (zero point = the minimum)",
            {0: f"0 = {float(asym_levels[0]):.2f}", 15: f"15 = {float(asym_levels[-1]):.2f}"})
     unused_below = int((sym_levels < float(w.min()) - float(sym_levels[1] - sym_levels[0]) / 2).sum())
     if unused_below:  # name the wasted half
-        label(ax, (x_of(float(sym_levels[0])) + x_of(0.0)) / 2, 3.5,
-              f"{unused_below} levels below the smallest weight: never used", fontsize=7.5, color="grey", italic=True)
+        label(ax, (x_of(float(sym_levels[0])) + x_of(0.0)) / 2, 3.85,
+              f"{unused_below} levels below the smallest weight: never used", fontsize=9, color="grey", italic=True)
     label(ax, 0.4, 0.3, "orange: the weights;  blue tick: a level some weight rounds to;  grey: an unused level",
-          ha="left", fontsize=7)
-    for y in (4.4, 1.6):  # where zero lies on each line
-        label(ax, x_of(0.0), y + 0.45, "0.0", fontsize=7, color="grey")
+          ha="left", fontsize=9)
+    for y in (5.0, 1.6):  # where zero lies on each line
+        label(ax, x_of(0.0), y + 0.45, "0.0", fontsize=9, color="grey")
     return fig

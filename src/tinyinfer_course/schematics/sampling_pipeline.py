@@ -57,38 +57,39 @@ def draw_sampling_pipeline(stages: dict | None = None):
     s = stages or _default_stages()
     n = len(s["tokens"])
     height = 3.4 + 0.55 * n
-    fig, ax = canvas(17.4, height)
-    label(ax, 8.7, height - 0.35, f"next token after \u201c{s['prompt']}\u201d", fontsize=9.5)
+    w, gap, x0 = 2.8, 0.3, 0.15  # a column fits 9 monospace characters and a number at 9 pt
+    width = 2 * x0 + 6 * w + 5 * gap
+    fig, ax = canvas(width, height)
+    label(ax, width / 2, height - 0.35, f"next token after \u201c{s['prompt']}\u201d", fontsize=9.5)
     columns = [("logits", s["logits"], "{:.2f}", s["counts"][0]),
                (f"\u00f7 temperature {s['temperature']:g}", s["scaled"], "{:.2f}", s["counts"][1]),
                (f"top-k {s['top_k']}", s["after_k"], "{:.2f}", s["counts"][2]),
                (f"top-p {s['top_p']:g}", s["after_p"], "{:.2f}", s["counts"][3]),
                ("softmax", s["probs"], "{:.3f}", s["counts"][3])]
-    w, gap, x0 = 2.5, 0.38, 0.15
     top = height - 1.0
     names = [t.replace(" ", "\u2423").replace("\n", "\u21b5") for t in s["tokens"]]
     for c, (title, values, fmt, count) in enumerate(columns):
         x = x0 + c * (w + gap)
         box(ax, x, 0.9, w, top - 0.9, "", "blue" if c < 4 else "green")
-        label(ax, x + w / 2, top - 0.35, title, fontsize=8.5)
+        label(ax, x + w / 2, top - 0.35, title, fontsize=9)
         for r, (name, v) in enumerate(zip(names, values)):
             y = top - 0.95 - r * 0.55
             text = "\u2212\u221e" if v == -math.inf else fmt.format(v)
-            ax.text(x + 0.15, y, name[:9], ha="left", va="center", fontsize=7.5, family="monospace", color=INK)
-            ax.text(x + w - 0.15, y, text, ha="right", va="center", fontsize=7.5, family="monospace", color=INK)
-        label(ax, x + w / 2, 1.25, f"{count:,} candidate{'s' if count != 1 else ''}", fontsize=7.5, italic=True)
+            ax.text(x + 0.15, y, name[:9], ha="left", va="center", fontsize=9, family="monospace", color=INK)
+            ax.text(x + w - 0.15, y, text, ha="right", va="center", fontsize=9, family="monospace", color=INK)
+        label(ax, x + w / 2, 1.25, f"{count:,} candidate{'s' if count != 1 else ''}", fontsize=9, italic=True)
         if c:
             arrow(ax, (x - gap + 0.02, top - 1.6), (x - 0.02, top - 1.6))
     # The draw: a seeded random number picks one token with these probabilities.
     x = x0 + 5 * (w + gap)
     box(ax, x, 0.9, w, top - 0.9, "", "orange")
     arrow(ax, (x - gap + 0.02, top - 1.6), (x - 0.02, top - 1.6))
-    label(ax, x + w / 2, top - 0.35, f"draw (seed {s['seed']})", fontsize=8.5)
+    label(ax, x + w / 2, top - 0.35, f"draw (seed {s['seed']})", fontsize=9)
     ax.text(x + w / 2, top - 1.6, s["chosen"].replace(" ", "\u2423"), ha="center", va="center", fontsize=11,
             family="monospace", color=INK, fontweight="bold",
             bbox=dict(boxstyle="round,pad=0.3", facecolor="white", edgecolor=COLORS["orange"]))
-    label(ax, x + w / 2, top - 2.5, f"its probability\n{s['chosen_prob']:.3f}", fontsize=7.5)
-    label(ax, x + w / 2, 1.25, "1 token", fontsize=7.5, italic=True)
-    label(ax, 8.7, 0.4, "the engine's order: (repetition penalty), temperature, top-k, top-p, then the draw; "
-          "temperature 0 would take the highest logit instead", fontsize=7.5, italic=True)
+    label(ax, x + w / 2, top - 2.5, f"its probability\n{s['chosen_prob']:.3f}", fontsize=9)
+    label(ax, x + w / 2, 1.25, "1 token", fontsize=9, italic=True)
+    label(ax, width / 2, 0.35, "the engine's order: (repetition penalty), temperature, top-k, top-p, then the draw;\n"
+          "temperature 0 would take the highest logit instead", fontsize=9, italic=True)
     return fig

@@ -79,9 +79,9 @@ def pick_steps(records: list[StepRecord]) -> list[StepRecord]:
     return records[first : last + 1]
 
 
-def _step_row(ax, y, rec: StepRecord, budget: int, num_blocks: int, x0: float = 2.2, width: float = 8.0):
+def _step_row(ax, y, rec: StepRecord, budget: int, num_blocks: int, x0: float = 2.2, width: float = 9.0):
     unit = width / budget
-    label(ax, x0 - 0.15, y + 0.35, f"step {rec.index}", ha="right", fontsize=8.5)
+    label(ax, x0 - 0.15, y + 0.35, f"step {rec.index}", ha="right", fontsize=9)
     x = x0
     for name, n, kind, done, total in rec.work:
         text = {"decode": "", "prefill": f"{name}: prompt, {n}", "chunk": f"{name}: chunk, {done} of {total}",
@@ -90,15 +90,15 @@ def _step_row(ax, y, rec: StepRecord, budget: int, num_blocks: int, x0: float = 
         ax.add_patch(Rectangle((x, y), n * unit, 0.7, facecolor=FILLS[color], edgecolor=COLORS[color], linewidth=1.0,
                                linestyle="--" if kind == "chunk" else "-"))
         if text and n * unit > 1.2:
-            label(ax, x + n * unit / 2, y + 0.35, text, fontsize=7)
+            label(ax, x + n * unit / 2, y + 0.35, text, fontsize=9)
         else:  # a decode token is a sliver: name it above
-            label(ax, x + n * unit / 2, y + 0.92, name, fontsize=7)
+            label(ax, x + n * unit / 2, y + 0.92, name, fontsize=9)
         x += n * unit
     if x < x0 + width:  # what the step left unused
         ax.add_patch(Rectangle((x, y), x0 + width - x, 0.7, facecolor="white", edgecolor=COLORS["grey"],
                                hatch="///", linewidth=0.6))
     used = sum(w[1] for w in rec.work)
-    label(ax, x0 + width + 0.15, y + 0.35, f"{used}/{budget}", ha="left", fontsize=7.5)
+    label(ax, x0 + width + 0.15, y + 0.35, f"{used}/{budget}", ha="left", fontsize=9)
     notes = []
     if rec.preempted:
         who = f"{', '.join(rec.grew)} needs a new block, none is free: " if rec.grew else "pool full: "
@@ -110,7 +110,7 @@ def _step_row(ax, y, rec: StepRecord, budget: int, num_blocks: int, x0: float = 
         why = " (no admissions after a preemption)"
     notes.append("queue: " + (", ".join(rec.waiting) + why if rec.waiting else "empty"))
     for j, note in enumerate(notes):
-        label(ax, x0, y - 0.3 - 0.34 * j, note, ha="left", fontsize=7,
+        label(ax, x0, y - 0.3 - 0.4 * j, note, ha="left", fontsize=9,
               color="vermillion" if rec.preempted and j == 0 else None, italic=True)
     # The KV pool during the step: one square per block, coloured by its owner.
     px = 13.0
@@ -121,7 +121,7 @@ def _step_row(ax, y, rec: StepRecord, budget: int, num_blocks: int, x0: float = 
         ax.add_patch(Rectangle((px + i * 0.42, y + 0.1), 0.36, 0.5, facecolor=FILLS[color] if name else "white",
                                edgecolor=COLORS[color], linewidth=0.8))
         if name:
-            label(ax, px + i * 0.42 + 0.18, y + 0.35, name, fontsize=6)
+            label(ax, px + i * 0.42 + 0.18, y + 0.35, name, fontsize=9)
 
 
 def draw_scheduler_step(script=SCRIPT, budget: int = BUDGET, num_blocks: int = NUM_BLOCKS,
@@ -136,12 +136,13 @@ def draw_scheduler_step(script=SCRIPT, budget: int = BUDGET, num_blocks: int = N
     queue, and nobody new is admitted in that step."""
     bs = block_size or EngineConfig().block_size
     rows = pick_steps(run_script(script, budget, num_blocks, bs))
-    fig, ax = canvas(16, 1.8 * len(rows) + 1.9)
-    top = 1.8 * len(rows) + 0.6
-    label(ax, 6.2, top + 0.9, f"token budget per step: {budget} (max_num_batched_tokens)", fontsize=8.5)
-    label(ax, 13.0 + num_blocks * 0.21, top + 0.9, f"KV pool: {num_blocks} blocks of {bs}", fontsize=8.5)
+    pitch = 2.0  # a row: the bar, the names of decode slivers above it, two lines of notes below
+    fig, ax = canvas(16, pitch * len(rows) + 1.9)
+    top = pitch * len(rows) + 0.6
+    label(ax, 6.7, top + 0.9, f"token budget per step: {budget} (max_num_batched_tokens)", fontsize=9)
+    label(ax, 13.0 + num_blocks * 0.21, top + 0.9, f"KV pool: {num_blocks} blocks of {bs}", fontsize=9)
     for i, rec in enumerate(rows):
-        _step_row(ax, top - 0.4 - i * 1.8, rec, budget, num_blocks)
-    label(ax, 0.3, 0.3, "Running requests go first, oldest first; then the queue, while budget, seats and blocks "
-          "last. Hatched: budget left unused.", ha="left", fontsize=7.5, italic=True)
+        _step_row(ax, top - 0.4 - i * pitch, rec, budget, num_blocks)
+    label(ax, 0.3, 0.4, "Running requests go first, oldest first; then the queue, while budget, seats and blocks "
+          "last.\nHatched: budget left unused.", ha="left", fontsize=9, italic=True)
     return fig

@@ -38,44 +38,44 @@ def draw_speculative(context=EXAMPLE["context"], drafts=EXAMPLE["drafts"], targe
     after each draft (len(drafts) + 1 tokens)."""
     k = len(drafts)
     kept = accepted_prefix(drafts, target)
-    size, gap = 1.55, 0.12
+    size, gap = 1.8, 0.12  # a box holds a 10-character token in bold at 9 pt
     step = size + gap
     nc = len(context)
     x0 = 2.6
     xs = [x0 + i * step for i in range(nc + k)]
     fig, ax = canvas(x0 + (nc + k + 1) * step + 0.3, 8.2)
     # Row 1: context and drafts.
-    label(ax, 0.2, 7.0, "context,\ndraft's guesses", ha="left", fontsize=7.5)
+    label(ax, 0.2, 7.0, "context,\ndraft's guesses", ha="left", fontsize=9)
     for i, t in enumerate(context):
-        box(ax, xs[i], 6.6, size, 0.8, _show(t), "grey", fontsize=7.5)
+        box(ax, xs[i], 6.6, size, 0.8, _show(t), "grey", fontsize=9)
     for i, t in enumerate(drafts):
-        box(ax, xs[nc + i], 6.6, size, 0.8, _show(t), "orange", fontsize=7.5, dashed=True)
+        box(ax, xs[nc + i], 6.6, size, 0.8, _show(t), "orange", fontsize=9, dashed=True)
     # Row 2: one target pass over the last context token and the k drafts. Each
     # position's output is the target's choice for the NEXT position, so the
     # choices are drawn one place to the right, under the guesses they judge.
     start, end = xs[nc - 1], xs[-1] + step + size
     box(ax, start, 4.7, end - start, 0.8, f"target model: ONE forward pass over {k + 1} positions",
-        "blue", fontsize=8)
-    label(ax, 0.2, 5.1, "verify", ha="left", fontsize=7.5)
+        "blue", fontsize=9)
+    label(ax, 0.2, 5.1, "verify", ha="left", fontsize=9)
     for i in range(k + 1):
         arrow(ax, (xs[nc - 1 + i] + size / 2, 6.55), (xs[nc - 1 + i] + size / 2, 5.55))
         out_x = xs[nc - 1 + i] + step
         arrow(ax, (out_x + size / 2, 4.65), (out_x + size / 2, 4.05))
-        box(ax, out_x, 3.1, size, 0.8, _show(target[i]), "blue", fontsize=7.5)
-    label(ax, 0.2, 3.5, "target's\nchoice", ha="left", fontsize=7.5)
+        box(ax, out_x, 3.1, size, 0.8, _show(target[i]), "blue", fontsize=9)
+    label(ax, 0.2, 3.5, "target's\nchoice", ha="left", fontsize=9)
     # Row 3: the result, aligned under the positions the tokens fill.
-    label(ax, 0.2, 1.6, "kept", ha="left", fontsize=7.5)
+    label(ax, 0.2, 1.6, "kept", ha="left", fontsize=9)
     for i in range(k):
         x = xs[nc + i]
         if i < kept:
-            box(ax, x, 1.2, size, 0.8, _show(drafts[i]) + " \u2713", "green", fontsize=7.5)
+            box(ax, x, 1.2, size, 0.8, _show(drafts[i]) + " \u2713", "green", fontsize=9)
         elif i == kept:
-            box(ax, x, 1.2, size, 0.8, _show(target[i]), "blue", fontsize=7.5, bold=True)
+            box(ax, x, 1.2, size, 0.8, _show(target[i]), "blue", fontsize=9, bold=True)
         else:
-            label(ax, x + size / 2, 1.6, "thrown\naway", fontsize=7, color="grey", italic=True)
+            label(ax, x + size / 2, 1.6, "thrown\naway", fontsize=9, color="grey", italic=True)
     if kept == k:  # every guess kept: the target's choice after the last one is a bonus
-        box(ax, xs[-1] + step, 1.2, size, 0.8, _show(target[k]), "blue", fontsize=7.5, bold=True)
+        box(ax, xs[-1] + step, 1.2, size, 0.8, _show(target[k]), "blue", fontsize=9, bold=True)
     outcome = (f"{kept} of {k} guesses kept + 1 token of the target's own = {kept + 1} tokens from one pass"
                if kept < k else f"all {k} guesses kept + 1 bonus token = {k + 1} tokens from one pass")
-    label(ax, x0, 0.45, outcome, ha="left", fontsize=8)
+    label(ax, x0, 0.45, outcome, ha="left", fontsize=9)
     return fig

@@ -27,11 +27,11 @@ def draw_stack(layers=LAYERS):
         y = top - (i + 1) * 1.1
         box(ax, 2.5, y, 10, 0.9, "", color)
         label(ax, 2.8, y + 0.45, name, ha="left", fontsize=9)
-        label(ax, 12.2, y + 0.45, what, ha="right", fontsize=8, italic=True)
-    arrow(ax, (1.6, top - 0.2), (1.6, top - n * 1.1 + 0.2), color="blue")
-    label(ax, 0.9, top - n * 0.55, "request\ngoes down", fontsize=8)
+        label(ax, 12.2, y + 0.45, what, ha="right", fontsize=9, italic=True)
+    arrow(ax, (1.95, top - 0.2), (1.95, top - n * 1.1 + 0.2), color="blue")
+    label(ax, 0.85, top - n * 0.55, "request\ngoes down", fontsize=9)
     arrow(ax, (13.4, top - n * 1.1 + 0.2), (13.4, top - 0.2), color="vermillion")
-    label(ax, 14.2, top - n * 0.55, "a token\ncomes up", fontsize=8)
-    label(ax, 7.5, 0.35, "one pass per token: down with the context, up with the chosen token", fontsize=8,
+    label(ax, 14.2, top - n * 0.55, "a token\ncomes up", fontsize=9)
+    label(ax, 7.5, 0.35, "one pass per token: down with the context, up with the chosen token", fontsize=9,
           italic=True)
     return fig

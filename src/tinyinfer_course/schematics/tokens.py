@@ -43,7 +43,7 @@ def draw_token_lookup(data: dict | None = None):
     headings = [(2.0, "1. pieces (the tokenizer)"), (5.6, "2. token ids"),
                 (11.4, f"3. rows of the embedding table ({d['vocab_size']:,} rows \u00d7 {d['hidden_size']} numbers)")]
     for x, text in headings:
-        label(ax, x, top - 0.9, text, fontsize=8.5, italic=True)
+        label(ax, x, top - 0.9, text, fontsize=9, italic=True)
     scale = max(float(abs(r).max()) for r in d["rows"])
     cmap = plt.get_cmap("PuOr_r")  # orange-purple: readable with common colour-vision deficiencies
     for i, (piece, tid, row) in enumerate(zip(d["pieces"], d["ids"], d["rows"])):
@@ -57,8 +57,8 @@ def draw_token_lookup(data: dict | None = None):
         for j, v in enumerate(row.tolist()):
             ax.add_patch(plt.Rectangle((7.6 + j * width, y - 0.3), width, 0.6,
                                        facecolor=cmap(0.5 + 0.5 * v / scale), edgecolor="white", linewidth=0.3))
-        label(ax, 14.35, y, f"\u2026 {d['hidden_size'] - cells} more", fontsize=7.5, color="grey", ha="left")
+        label(ax, 14.35, y, f"\u2026 {d['hidden_size'] - cells} more", fontsize=9, color="grey", ha="left")
     ax.plot([0.6, 15.4], [0.75, 0.75], color=COLORS["grey"], linewidth=0.6)
     label(ax, 8, 0.35, f"{n} pieces, {n} ids, {n} vectors of {d['hidden_size']} numbers: "
-          "the model never sees the letters", fontsize=8, italic=True)
+          "the model never sees the letters", fontsize=9, italic=True)
     return fig
