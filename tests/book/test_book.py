@@ -303,3 +303,52 @@ def test_pages_load_the_course_stylesheet_and_contents_button(built: Path) -> No
         html = (built / f"{page}.html").read_text(encoding="utf-8")
         for name in ("_static/custom.css", "_static/contents-button.js"):
             assert name in html, f"{page}.html does not load {name}"
+
+
+class _LinksAndIds(HTMLParser):
+    """Every href and every id on one page."""
+
+    def __init__(self):
+        super().__init__()
+        self.hrefs, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.hrefs.append(attrs["href"])
+
+
+def broken_links(html_root: Path) -> list[str]:
+    """Links between the site's own pages whose file or #anchor does not exist. Sphinx
+    checks its cross-references; this catches the rest, such as a link written in a
+    report's Markdown output (`[chapter 8](08-fleets.html#side-by-side-on-one-cpu)`)."""
+    pages = {}
+    for path in html_root.rglob("*.html"):
+        parser = _LinksAndIds()
+        parser.feed(path.read_text(errors="replace"))
+        pages[path.resolve()] = parser
+    broken = []
+    for path, parser in pages.items():
+        for href in parser.hrefs:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", href) or href.startswith(("//", "mailto:")):
+                continue  # another site (test_site_loads_nothing_from_the_internet covers loads)
+            target, _, anchor = href.partition("#")
+            file = (path.parent / target).resolve() if target else path
+            if file.is_dir():
+                file = file / "index.html"
+            if target and not file.exists():
+                broken.append(f"{path.relative_to(html_root.resolve())}: {href} (no such file)")
+            elif anchor and file in pages and anchor not in pages[file].ids:
+                broken.append(f"{path.relative_to(html_root.resolve())}: {href} (no such anchor)")
+    return broken
+
+
+@pytest.mark.book
+def test_no_link_between_pages_is_broken(built: Path, tmp_path: Path) -> None:
+    broken = broken_links(built)
+    assert not broken, f"{len(broken)} broken links, the first: {broken[:5]}"
+    (tmp_path / "a.html").write_text('<a href="b.html#here">b</a><a href="#top" id="top">t</a>')
+    (tmp_path / "b.html").write_text('<p id="there">b</p>')
+    assert broken_links(tmp_path) == ["a.html: b.html#here (no such anchor)"]  # the check can fail
