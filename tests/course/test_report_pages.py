@@ -16,7 +16,7 @@ import pytest
 from tinyinfer_course.reports import gpu as gpu_report
 from tinyinfer_course.reports import peers
 from tinyinfer_course.reports import router as router_report
-from tinyinfer_course.reports.stored import compact_table, constants_text, fold
+from tinyinfer_course.reports.stored import StoredReport, compact_table, constants_text, fold
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLD_OPEN = "<details>\n<summary>About this run</summary>\n\n"
@@ -46,6 +46,22 @@ def flags_outside_code(text: str) -> list[str]:
     """`--flag`s printed outside backticks: Sphinx's smart quotes turn their '--' into an en dash."""
     plain = re.sub(r"`[^`]*`", "", text)
     return re.findall(r"(?<![-|])--[A-Za-z][\w-]*", plain)
+
+
+_TODAY: dict[int, dict] = {}
+_REAL_STAMP = StoredReport.stamp
+
+
+@pytest.fixture(autouse=True)
+def one_stamp_per_report(monkeypatch):
+    """Today's code does not change during these tests, so each report hashes it once
+    (a stamp takes ~1 s; every page() asks for one, 40 times in this file)."""
+    def stamp(self):
+        if id(self) not in _TODAY:
+            _TODAY[id(self)] = _REAL_STAMP(self)
+        return _TODAY[id(self)]
+
+    monkeypatch.setattr(StoredReport, "stamp", stamp)
 
 
 @functools.cache
