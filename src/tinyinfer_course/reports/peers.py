@@ -231,26 +231,32 @@ def table(report: dict, with_header: bool = True) -> str:
     bname = row_name(report, base) if base else "-"
     lines = ["| engine, format | c | output tok/s | TTFT p50 | TPOT p50 | tok/s vs base | TTFT vs base "
              "| TPOT vs base | tokens/reply |", "|---|---|---|---|---|---|---|---|---|"]
-    for c in concurrencies(report):
-        b = report["runs"].get(base, {}).get(c)
-        for key, runs in report["runs"].items():
-            r = runs.get(c)
-            if r is None:
-                continue
-            ratios = ("| 1.00x | 1.00x | 1.00x" if key == base else
-                      f"| {_ratio(r['output_throughput'], b and b['output_throughput'])} "
-                      f"| {_ratio(r['median_ttft_ms'], b and b['median_ttft_ms'])} "
-                      f"| {_ratio(r['median_tpot_ms'], b and b['median_tpot_ms'])}")
-            lo, hi = r.get("tokens_per_reply", ["?", "?"])
-            name = f"**{row_name(report, key)}**" if key == base else row_name(report, key)
-            lines.append(f"| {name} | {c} | {r['output_throughput']:.1f} | {r['median_ttft_ms']:,.0f} ms "
-                         f"| {r['median_tpot_ms']:,.1f} ms {ratios} | {lo if lo == hi else f'{lo}-{hi}'} |")
+    for c, key, r, ratios, replies in measured_rows(report):
+        name = f"**{row_name(report, key)}**" if key == base else row_name(report, key)
+        lines.append(f"| {name} | {c} | {r['output_throughput']:.1f} | {r['median_ttft_ms']:,.0f} ms "
+                     f"| {r['median_tpot_ms']:,.1f} ms | {' | '.join(ratios)} | {replies} |")
     text = "\n".join(lines) + f"\n\nBaseline (bold): {bname}."
     return (header(report) + "\n\n" + text) if with_header else text
 
 
 def _ratio(x, base) -> str:
     return f"{x / base:.2f}x" if base else "-"
+
+
+def measured_rows(report: dict):
+    """(c, engine key, run, its three ratios to the baseline at c, tokens per reply) for
+    every run, by concurrency then engine: the rows of table() and compact_table()."""
+    base = baseline_key(report)
+    for c in concurrencies(report):
+        b = report["runs"].get(base, {}).get(c)
+        for key, runs in report["runs"].items():
+            r = runs.get(c)
+            if r is None:
+                continue
+            ratios = (["1.00x"] * 3 if key == base else
+                      [_ratio(r[m], b and b[m]) for m in ("output_throughput", "median_ttft_ms", "median_tpot_ms")])
+            lo, hi = r.get("tokens_per_reply", ["?", "?"])
+            yield c, key, r, ratios, str(lo if lo == hi else f"{lo}-{hi}")
 
 
 # ------------------------------------------------------------------ the sentences
@@ -490,26 +496,18 @@ def compact_table(report: dict) -> str:
     base = baseline_key(report)
     marks: dict[str, str] = {}  # a format's whole name: its mark in the table
     rows = []
-    for c in concurrencies(report):
-        b = report["runs"].get(base, {}).get(c)
-        for key, runs in report["runs"].items():
-            r = runs.get(c)
-            if r is None:
-                continue
-            e = report["engines"][key]
-            full = _full_format(report, key)
-            fmt = short_format(e["format"])
-            if full != fmt:
-                fmt += marks.setdefault(full, "¹²³⁴⁵⁶⁷⁸⁹"[len(marks)] if len(marks) < 9 else f" ({len(marks) + 1})")
-            ratios = (["1.00x"] * 3 if key == base else
-                      [_ratio(r[m], b and b[m]) for m in ("output_throughput", "median_ttft_ms", "median_tpot_ms")])
-            lo, hi = r.get("tokens_per_reply", ["?", "?"])
-            # no-break spaces: a table that fits its column gives its room to the names, not the headings
-            cells = [short_label(e["label"]).replace(" ", "\u00a0"), fmt.replace(" ", "\u00a0")]
-            if key == base:
-                cells = [f"**{cell}**" for cell in cells]
-            rows.append(cells + [str(c), f"{r['output_throughput']:.1f}", f"{r['median_ttft_ms']:,.0f}",
-                                 f"{r['median_tpot_ms']:,.1f}", *ratios, str(lo if lo == hi else f"{lo}-{hi}")])
+    for c, key, r, ratios, replies in measured_rows(report):
+        e = report["engines"][key]
+        full = _full_format(report, key)
+        fmt = short_format(e["format"])
+        if full != fmt:
+            fmt += marks.setdefault(full, "¹²³⁴⁵⁶⁷⁸⁹"[len(marks)] if len(marks) < 9 else f" ({len(marks) + 1})")
+        # no-break spaces: a table that fits its column gives its room to the names, not the headings
+        cells = [short_label(e["label"]).replace(" ", "\u00a0"), fmt.replace(" ", "\u00a0")]
+        if key == base:
+            cells = [f"**{cell}**" for cell in cells]
+        rows.append(cells + [str(c), f"{r['output_throughput']:.1f}", f"{r['median_ttft_ms']:,.0f}",
+                             f"{r['median_tpot_ms']:,.1f}", *ratios, replies])
     columns = ["engine", "format", "users", "output tok/s", "TTFT p50, ms", "TPOT p50, ms", "tok/s vs base",
                "TTFT vs base", "TPOT vs base", "tokens/reply"]
     text, dropped = _compact(columns, rows, keep=("engine", "format"))
